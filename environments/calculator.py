@@ -1,0 +1,205 @@
+"""Multi-turn arithmetic with one tool, `calc`: the walking-skeleton environment.
+
+    prompt:  Compute 12*(3+4).
+    model:   <call calc>12*(3+4)</call>
+    env:     <result>84</result>          (after the injected tool latency)
+    model:   <answer>84</answer>          -> reward 1.0, done
+
+Expressions are evaluated by walking a Python `ast` with a whitelist (int literals,
++ - * // %, unary minus, parentheses) and a magnitude bound; nothing model-written is
+ever passed to eval/exec.
+"""
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+import hashlib
+import random
+import re
+
+from environments.base import Environment, EpisodeStatus, StepResult, Task
+from environments.latency import LatencyModel
+from environments.tool_calls import (FinalAnswer, Malformed, ToolCall, format_error,
+                                     format_result, parse_action)
+
+TOOL_NAME = "calc"
+MAX_ABS_VALUE = 10**12  # Bounds every literal and intermediate: no giant-int CPU burn.
+_INT_ANSWER_RE = re.compile(r"[+-]?[0-9]{1,32}\Z")  # ASCII only: int() would take "８" or "1_0".
+
+
+@dataclasses.dataclass(frozen=True)
+class CalculatorConfig:
+    max_turns: int = 4
+    tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
+    max_expression_chars: int = 64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tool_latency, str):  # Accept a spec so flags can pass "fixed:0.2".
+            object.__setattr__(self, "tool_latency", LatencyModel.from_spec(self.tool_latency))
+        if not isinstance(self.tool_latency, LatencyModel):
+            raise ValueError(f"tool_latency must be a LatencyModel or spec string, "
+                             f"got {type(self.tool_latency).__name__}")
+        for name in ("max_turns", "max_expression_chars"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"CalculatorConfig.{name} must be an int >= 1, got {v!r}")
+
+
+class CalcError(ValueError):
+    """An expression the calculator refuses; the message is shown to the model."""
+
+
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
+           ast.Mod: lambda a, b: a % b}
+
+
+def safe_eval(expr: str, max_chars: int = 64) -> int:
+    """Evaluate integer arithmetic; raise CalcError with a short reason on anything else."""
+    expr = expr.strip()
+    if not expr:
+        raise CalcError("empty expression")
+    if len(expr) > max_chars:  # Checked before parsing: ast.parse cost grows with input.
+        raise CalcError(f"expression longer than {max_chars} chars")
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise CalcError("syntax error") from None
+    try:
+        return _eval(tree.body)
+    except RecursionError:
+        raise CalcError("expression too deep") from None
+
+
+def _eval(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant):
+        if type(node.value) is not int:  # Excludes bool, float, str, bytes, None.
+            raise CalcError("only integer literals are allowed")
+        return _bounded(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _bounded(-_eval(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if right == 0 and isinstance(node.op, (ast.FloorDiv, ast.Mod)):
+            raise CalcError("division by zero")
+        return _bounded(_BINOPS[type(node.op)](left, right))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        raise CalcError("use // for division")
+    raise CalcError("only integers, + - * // % and parentheses are allowed")
+
+
+def _bounded(v: int) -> int:
+    if abs(v) > MAX_ABS_VALUE:
+        raise CalcError("number too large")
+    return v
+
+
+def parse_int_answer(text: str) -> int | None:
+    s = text.strip()
+    return int(s) if _INT_ANSWER_RE.match(s) else None
+
+
+class CalculatorEnv(Environment):
+    name = "calculator"
+
+    def __init__(self, config: CalculatorConfig | None = None) -> None:
+        self.config = config or CalculatorConfig()
+        self._task: Task | None = None
+        self._done = True
+
+    async def reset(self, task: Task) -> str:
+        self._task = task
+        self._done = False
+        self._turns = 0
+        # Per-task latency stream: deterministic, yet concurrent episodes differ.
+        self._latency = self.config.tool_latency.sampler(stream=task.task_id)
+        self._info = {"turns": 0, "tool_calls": 0, "malformed_calls": 0,
+                      "unknown_tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0}
+        return task.prompt
+
+    async def step(self, action_text: str) -> StepResult:
+        if self._task is None or self._done:
+            raise RuntimeError("step() called before reset() or after the episode ended")
+        self._turns += 1
+        self._info["turns"] = self._turns
+        action = parse_action(action_text)
+        reward, done, obs = 0.0, False, ""
+        if isinstance(action, FinalAnswer):
+            guess = parse_int_answer(action.text)
+            reward = float(guess is not None and guess == parse_int_answer(self._task.target))
+            done = True
+            self._info["status"] = EpisodeStatus.FINISHED
+        elif isinstance(action, ToolCall) and action.name == TOOL_NAME:
+            obs = await self._call_calc(action.args)
+        elif isinstance(action, ToolCall):
+            self._info["unknown_tool_calls"] += 1
+            obs = format_error(f"unknown tool {action.name}; tools: {TOOL_NAME}")
+        else:
+            assert isinstance(action, Malformed)
+            self._info["malformed_calls"] += 1
+            obs = format_error(action.reason)
+        if not done and self._turns >= self.config.max_turns:
+            done = True
+            self._info["status"] = EpisodeStatus.TRUNCATED
+        self._done = done
+        return StepResult(observation=obs, reward=reward, done=done, info=dict(self._info))
+
+    async def _call_calc(self, args: str) -> str:
+        self._info["tool_calls"] += 1
+        delay = self._latency.sample()
+        if delay > 0:
+            await asyncio.sleep(delay)  # Simulated tool wait: yields the loop to other episodes.
+        self._info["tool_latency_s"] += delay
+        # Inline, not to_thread: input is capped at max_expression_chars, so this is
+        # microseconds of CPU; a thread hop would cost more than the work.
+        try:
+            return format_result(str(safe_eval(args, self.config.max_expression_chars)))
+        except CalcError as e:
+            self._info["tool_errors"] += 1
+            return format_error(str(e))
+
+
+# --- Task generation -------------------------------------------------------------------
+
+SPLITS = ("train", "test")
+_TEST_PERCENT = 20
+
+
+def _split_of(expr: str) -> str:
+    # Split by a stable hash of the content: train and test are disjoint for ANY seeds.
+    h = int.from_bytes(hashlib.sha256(expr.encode()).digest()[:8], "big")
+    return "test" if h % 100 < _TEST_PERCENT else "train"
+
+
+def _random_expr(rng: random.Random) -> str:
+    # Small operands and + - * keep prompts short and answers learnable by a tiny model.
+    n_ops = rng.choice((1, 2))
+    parts = [str(rng.randint(0, 20))]
+    for _ in range(n_ops):
+        parts += [rng.choice("+-*"), str(rng.randint(0, 20))]
+    return "".join(parts)
+
+
+def generate_tasks(seed: int, n: int, split: str = "train") -> list[Task]:
+    """`n` distinct calculator tasks, deterministic per (seed, split)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    rng = random.Random(f"calculator:{seed}:{split}")
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(tasks) < n:
+        attempts += 1
+        if attempts > 50 * n + 1000:
+            raise ValueError(f"cannot draw {n} distinct {split} tasks; ask for fewer")
+        expr = _random_expr(rng)
+        if expr in seen or _split_of(expr) != split:
+            continue
+        seen.add(expr)
+        digest = hashlib.sha256(expr.encode()).hexdigest()[:12]
+        tasks.append(Task(task_id=f"calculator-{split}-{digest}", prompt=f"Compute {expr}. ",
+                          target=str(safe_eval(expr)), meta={"expression": expr}))
+    return tasks

@@ -1,0 +1,93 @@
+"""Injected environment latency: a declared distribution, sampled deterministically.
+
+Real tools (code execution, web pages) make the agent wait; the point of the decoupled
+design is to keep the accelerator busy meanwhile. `LatencyModel` simulates that wait so
+the effect can be measured locally. Specs are short strings for command-line flags:
+
+    none                        no wait
+    fixed:SECONDS               always SECONDS
+    uniform:LOW:HIGH            uniform in [LOW, HIGH]
+    lognormal:MEDIAN:SIGMA      MEDIAN * exp(SIGMA * N(0, 1)) (heavy right tail)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+KINDS = ("none", "fixed", "uniform", "lognormal")
+_SPEC_PARAMS = {"none": (), "fixed": ("seconds",), "uniform": ("low", "high"),
+                "lognormal": ("median", "sigma")}
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyModel:
+    kind: str = "none"
+    seconds: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    median: float = 0.0
+    sigma: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"LatencyModel.kind must be one of {KINDS}, got {self.kind!r}")
+        for name in ("seconds", "low", "high", "median", "sigma"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"LatencyModel.{name} must be a finite number, got {v!r}")
+            if v < 0:
+                raise ValueError(f"LatencyModel.{name} must be >= 0, got {v!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"LatencyModel.seed must be an int, got {self.seed!r}")
+        if self.kind == "uniform" and self.low > self.high:
+            raise ValueError(f"uniform latency needs low <= high, got {self.low} > {self.high}")
+        if self.kind == "lognormal" and self.median <= 0:
+            raise ValueError(f"lognormal latency needs median > 0, got {self.median}")
+
+    @classmethod
+    def from_spec(cls, spec: str, seed: int = 0) -> "LatencyModel":
+        if not isinstance(spec, str):
+            raise ValueError(f"latency spec must be a string, got {type(spec).__name__}")
+        kind, *parts = spec.strip().split(":")
+        kind = kind.strip().lower()
+        if kind not in _SPEC_PARAMS:
+            raise ValueError(f"bad latency spec {spec!r}: kind must be one of {KINDS}")
+        names = _SPEC_PARAMS[kind]
+        if len(parts) != len(names):
+            want = ":".join([kind, *(n.upper() for n in names)])
+            raise ValueError(f"bad latency spec {spec!r}: expected {want!r}")
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"bad latency spec {spec!r}: parameters must be numbers") from None
+        return cls(kind=kind, seed=seed, **dict(zip(names, values)))
+
+    def to_spec(self) -> str:
+        return ":".join([self.kind, *(repr(float(getattr(self, n)))
+                                      for n in _SPEC_PARAMS[self.kind])])
+
+    def sampler(self, stream: int | str = 0) -> "LatencySampler":
+        """A fresh sampler; the same (seed, stream) always yields the same sequence.
+
+        `stream` lets each episode (e.g. keyed by task id) draw its own sequence, so
+        concurrent episodes do not all wait in lockstep.
+        """
+        return LatencySampler(self, random.Random(f"latency:{self.seed}:{stream}"))
+
+
+class LatencySampler:
+    def __init__(self, model: LatencyModel, rng: random.Random) -> None:
+        self._m = model
+        self._rng = rng
+
+    def sample(self) -> float:
+        m = self._m
+        if m.kind == "none":
+            return 0.0
+        if m.kind == "fixed":
+            return float(m.seconds)
+        if m.kind == "uniform":
+            return self._rng.uniform(m.low, m.high)
+        return self._rng.lognormvariate(math.log(m.median), m.sigma)

@@ -1,0 +1,86 @@
+"""Environments by name: `make("calculator", max_turns=4)`.
+
+A factory is any callable `factory(**config_kwargs) -> Environment`. An optional task
+generator `tasks(seed, n, split) -> list[Task]` can be registered with it, so a prompt
+feeder can ask for tasks by environment name. Third-party environments plug in through
+the `agentic_rl.environments` entry-point group (see `load_entry_points`).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+from typing import Callable
+
+from environments.base import Environment, Task
+
+ENTRY_POINT_GROUP = "agentic_rl.environments"
+
+EnvFactory = Callable[..., Environment]
+TaskGenerator = Callable[[int, int, str], "list[Task]"]
+
+_FACTORIES: dict[str, EnvFactory] = {}
+_TASKS: dict[str, TaskGenerator] = {}
+
+
+def register(name: str, factory: EnvFactory, *, tasks: TaskGenerator | None = None,
+             overwrite: bool = False) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"environment name must be a non-empty string, got {name!r}")
+    if not callable(factory):
+        raise ValueError(f"factory for {name!r} must be callable")
+    # Re-registering the same factory is harmless (module re-import); a different one is
+    # almost certainly a name clash between plugins.
+    if name in _FACTORIES and _FACTORIES[name] is not factory and not overwrite:
+        raise ValueError(f"environment {name!r} is already registered")
+    _FACTORIES[name] = factory
+    if tasks is not None:
+        _TASKS[name] = tasks
+
+
+def names() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def make(name: str, **config_kwargs) -> Environment:
+    try:
+        factory = _FACTORIES[name]
+    except KeyError:
+        raise KeyError(f"unknown environment {name!r}; known: {names()}") from None
+    return factory(**config_kwargs)
+
+
+def make_tasks(name: str, seed: int, n: int, split: str = "train") -> list[Task]:
+    try:
+        gen = _TASKS[name]
+    except KeyError:
+        raise KeyError(f"no task generator for {name!r}; have: {sorted(_TASKS)}") from None
+    return gen(seed, n, split)
+
+
+def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[str]:
+    """Register environments advertised by installed packages; return their names.
+
+    Each entry point loads to a factory (`name = "pkg.module:make_env"`). A broken plugin
+    is reported as a warning and skipped so it cannot take down every rollout worker.
+    """
+    loaded = []
+    for ep in importlib.metadata.entry_points(group=group):
+        try:
+            register(ep.name, ep.load())
+        except Exception as e:  # noqa: BLE001 - plugin code may fail in any way.
+            warnings.warn(f"environment plugin {ep.name!r} ({ep.value}) failed: {e!r}")
+            continue
+        loaded.append(ep.name)
+    return loaded
+
+
+def _register_builtins() -> None:
+    from environments.calculator import CalculatorConfig, CalculatorEnv, generate_tasks
+
+    def make_calculator(**kwargs) -> CalculatorEnv:
+        return CalculatorEnv(CalculatorConfig(**kwargs))
+
+    register("calculator", make_calculator, tasks=generate_tasks)
+
+
+_register_builtins()

@@ -1,0 +1,1 @@
+"""Local embedded stack (Pub/Sub emulator, local policy store) for demos and tests."""

@@ -1,0 +1,105 @@
+"""The main job on the embedded local stack: `make demo` (python -m localstack.demo).
+
+Starts the Pub/Sub emulator, the streaming rollout pipeline (BundleBasedDirectRunner)
+and the learner as separate process groups, waits for the learner to finish, stops
+everything (also on failure) and prints the learner's summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from localstack.processes import ProcessGroup
+from localstack.pubsub_emulator import PubSubEmulator
+
+TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
+
+
+class DemoFailed(RuntimeError):
+    pass
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--workdir", default=None, help="logs, policy store and summary (default: a temp dir)")
+    p.add_argument("--max_steps", type=int, default=20)
+    p.add_argument("--publish_every", type=int, default=5)
+    p.add_argument("--batch_records", type=int, default=2)
+    p.add_argument("--group_size", type=int, default=4)
+    p.add_argument("--tool_latency", default="fixed:0.05", help="per tool call: none, fixed:S, uniform:A:B, lognormal:M:S")
+    p.add_argument("--policy_poll_s", type=float, default=0.5)
+    p.add_argument("--max_wait_s", type=float, default=1.0)
+    p.add_argument("--timeout_s", type=float, default=900.0)
+    return p.parse_args(argv)
+
+
+def run_local(args) -> dict:
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="agentic-rl-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    summary_path, store = workdir / "summary.json", workdir / "policy-store"
+    with PubSubEmulator(log_dir=workdir / "emulator") as emu:
+        topics = {k: emu.create_topic(v) for k, v in TOPICS.items()}
+        subs = {k: emu.create_subscription(f"{v}-sub", v) for k, v in TOPICS.items()}
+        env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
+        py = sys.executable
+        shape = ["--rows=4", "--seq_len=256", "--max_segments_per_row=2", f"--group_size={args.group_size}"]
+        pipeline_cmd = [py, "-m", "pipelines.rollout", "--runner=BundleBasedDirectRunner", "--streaming",
+                        f"--project={emu.project}", f"--requests_subscription={subs['requests']}",
+                        f"--records_topic={topics['records']}", f"--dead_letter_topic={topics['dead']}",
+                        f"--policy_root={store}", f"--policy_poll_s={args.policy_poll_s}",
+                        f"--max_wait_s={args.max_wait_s}", *shape]
+        learner_cmd = [py, "-m", "trainer.task", f"--requests_topic={topics['requests']}",
+                       f"--records_subscription={subs['records']}", f"--dead_letter_topic={topics['dead']}",
+                       f"--policy_root={store}", f"--max_steps={args.max_steps}",
+                       f"--publish_every={args.publish_every}", f"--batch_records={args.batch_records}",
+                       f"--timeout_s={args.timeout_s}", f"--summary_path={summary_path}",
+                       "--env=calculator", f"--env_config={json.dumps({'tool_latency': args.tool_latency})}", *shape]
+        with ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env) as pipeline, \
+                ProcessGroup(learner_cmd, workdir / "learner.log", env) as learner:
+            deadline = time.monotonic() + args.timeout_s + 60
+            while learner.poll() is None:
+                if pipeline.poll() is not None:
+                    raise DemoFailed(f"rollout pipeline exited with {pipeline.poll()}:\n{pipeline.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise DemoFailed(f"learner still running after {args.timeout_s + 60}s:\n{learner.log_tail()}")
+                time.sleep(0.5)
+            if learner.poll() != 0:
+                raise DemoFailed(f"learner exited with {learner.poll()}:\n{learner.log_tail()}")
+    summary = json.loads(summary_path.read_text())
+    summary["workdir"] = str(workdir)
+    summary["pids"] = {"pipeline": pipeline.pid, "learner": learner.pid}
+    return summary
+
+
+def print_summary(s: dict) -> None:
+    print("\n=== agentic RL demo: summary ===")
+    print(f"learner steps            {s['steps']}")
+    print(f"policy versions          {s['policy_versions_published']}")
+    print(f"records consumed         {s['records_consumed']}  (shape {s['declared_record_shape']}; "
+          f"rejected {s['records_rejected']}, duplicates {s['records_duplicate']})")
+    print(f"tokens consumed          {s['tokens_consumed']}  ({s['loss_tokens_consumed']} policy tokens)")
+    print(f"trajectories             {s['trajectories']}  {s['episode_status']}")
+    print(f"mean reward              {s['mean_reward']}")
+    print(f"records by policy ver.   {s['records_by_max_policy_version']}")
+    print(f"wall time                {s['wall_s']} s, learner duty cycle {s['learner_duty_cycle']}")
+    print(f"logs and policy store    {s['workdir']}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        summary = run_local(args)
+    except DemoFailed as e:
+        print(f"demo failed: {e}", file=sys.stderr)
+        return 1
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

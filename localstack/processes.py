@@ -1,0 +1,83 @@
+"""Child processes in their own process group, stopped as a whole.
+
+A wrapper (gcloud, a Beam runner) may spawn children; killing only the leader would
+leave them running. Each ProcessGroup owns a session, and stop() signals the group.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a non-zombie process is in the group (zombies hold no port)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # fields after the ")" closing the command name: state ppid pgrp ...
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process exited while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def kill_group(proc: subprocess.Popen, term_grace_s: float = 5.0) -> None:
+    """SIGTERM the whole group, then SIGKILL whatever is left after the grace period."""
+    pgid = proc.pid  # start_new_session: the leader's pid is the group id
+    for sig, grace in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        end = time.monotonic() + grace
+        while time.monotonic() < end and group_alive(pgid):
+            proc.poll()  # reap the leader so it does not linger as a zombie
+            time.sleep(0.05)
+        if not group_alive(pgid):
+            break
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+class ProcessGroup:
+    """`with ProcessGroup(cmd, log_path, env) as pg:` runs cmd with output to log_path."""
+
+    def __init__(self, cmd: list[str], log_path: str | os.PathLike, env: dict | None = None,
+                 cwd: str | None = None):
+        self.cmd, self.log_path, self.env, self.cwd = cmd, Path(log_path), env, cwd
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ProcessGroup":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+                                         start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n_chars:]
+        except OSError:
+            return ""
+
+    def stop(self, term_grace_s: float = 5.0) -> None:
+        if self.proc is not None:
+            kill_group(self.proc, term_grace_s)
+
+    def __enter__(self) -> "ProcessGroup":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""Rollout side: a streaming Beam pipeline that runs episodes and publishes packed records."""

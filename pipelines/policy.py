@@ -1,0 +1,63 @@
+"""A rollout worker's view of the policy store: poll LATEST, reload newer versions.
+
+Polls at most every `poll_interval_s`; a failed load keeps the current version and is
+counted. Only complete versions are ever loaded (the store guarantees LATEST is written
+last, and `load` refuses a version without its commit marker).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import jax
+from flax import nnx
+
+from trainer.store import PolicyStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class PolicyHandle:
+    def __init__(self, store: PolicyStore, template_params: nnx.State, poll_interval_s: float = 1.0,
+                 clock=time.monotonic):
+        self.store = store
+        self.poll_interval_s = poll_interval_s
+        self._template = template_params
+        self._target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), template_params.to_pure_dict())
+        self._clock = clock
+        self._last_poll = float("-inf")
+        self.version: int | None = None
+        self.params: nnx.State | None = None
+        self.reloads = 0
+        self.failed_loads = 0
+
+    def wait_for_first(self, timeout_s: float, sleep_s: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.version is None:
+            self.maybe_reload(force=True)
+            if self.version is not None:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no policy version appeared in {self.store.root} within {timeout_s}s")
+            time.sleep(sleep_s)
+
+    def maybe_reload(self, force: bool = False) -> bool:
+        """True when a newer version was loaded by this call."""
+        now = self._clock()
+        if not force and now - self._last_poll < self.poll_interval_s:
+            return False
+        self._last_poll = now
+        try:
+            latest = self.store.latest_version()
+            if latest is None or (self.version is not None and latest <= self.version):
+                return False
+            loaded = self.store.load(latest, self._target)
+        except StoreError as e:
+            self.failed_loads += 1
+            log.warning("policy reload failed, keeping version %s: %s", self.version, e)
+            return False
+        state = jax.tree.map(lambda x: x, self._template)  # fresh container, same structure
+        nnx.replace_by_pure_dict(state, loaded)
+        self.params, self.version = state, latest
+        self.reloads += 1
+        return True

@@ -1,0 +1,156 @@
+"""The pipeline's DoFns and composite transforms, one role each."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import apache_beam as beam
+from apache_beam.coders import BooleanCoder, PickleCoder
+from apache_beam.io.gcp.pubsub import PubsubMessage
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.deduplicate import DeduplicatePerKey
+from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec, TimerSpec,
+                                              on_timer)
+from apache_beam.utils.timestamp import Duration, Timestamp
+
+import environments
+from pipelines.episodes import EpisodeLimits, run_group
+from pipelines.packing import pack, take_full_records
+from pipelines.policy import PolicyHandle
+from trainer import records
+from trainer.config import RecordShape, model_config
+from trainer.rollout_request import HEARTBEAT_ATTRIBUTE, RequestError, RolloutRequest
+from trainer.sampling import Sampler
+from trainer.store import PolicyStore
+
+log = logging.getLogger(__name__)
+DEAD_LETTER = "dead_letter"
+NS = "rollout"
+
+
+def _dead_letter(data: bytes, error: str) -> PubsubMessage:
+    return PubsubMessage(data=data, attributes={"error": error[:1000]})
+
+
+class ParseRequestFn(beam.DoFn):
+    """PubsubMessage -> RolloutRequest; heartbeats are dropped, bad requests dead-lettered."""
+
+    def __init__(self):
+        self.heartbeats = Metrics.counter(NS, "heartbeats")
+        self.bad = Metrics.counter(NS, "bad_requests")
+
+    def process(self, msg: PubsubMessage):
+        if HEARTBEAT_ATTRIBUTE in (msg.attributes or {}):
+            self.heartbeats.inc()
+            return
+        try:
+            yield RolloutRequest.from_bytes(msg.data)
+        except RequestError as e:
+            self.bad.inc()
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(msg.data, str(e)))
+
+
+class RunEpisodesFn(beam.DoFn):
+    """RolloutRequest -> G Trajectories with group-relative advantages.
+
+    The sampler and the policy live for the DoFn instance (set up once per worker);
+    the policy is re-polled before every group, so new versions apply between groups."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self.episodes = {s.value: Metrics.counter(NS, f"episodes_{s.value}") for s in environments.EpisodeStatus}
+        self.generated = Metrics.counter(NS, "generated_tokens")
+        self.env_latency = Metrics.distribution(NS, "env_latency_ms")
+        self.reloads = Metrics.counter(NS, "policy_reloads")
+        self.failed = Metrics.counter(NS, "failed_requests")
+
+    def setup(self):
+        cfg = model_config(self.opts.model_config)
+        self.sampler = Sampler(cfg, slots=self.opts.group_size, length=self.opts.seq_len)
+        self.policy = PolicyHandle(PolicyStore(self.opts.policy_root), self.sampler.abstract_params,
+                                   self.opts.policy_poll_s)
+        self.policy.wait_for_first(self.opts.policy_wait_s)
+        self.limits = EpisodeLimits(max_new_tokens_per_turn=self.opts.max_new_tokens_per_turn,
+                                    max_tokens=self.opts.seq_len)
+
+    def process(self, req: RolloutRequest):
+        if self.policy.maybe_reload():
+            self.reloads.inc()
+        try:
+            if req.group_size > self.sampler.slots:
+                raise RequestError(f"group_size {req.group_size} > worker slots {self.sampler.slots}")
+            task = environments.Task.from_json_dict(req.task)
+            envs = [environments.make(req.env, **req.env_config) for _ in range(req.group_size)]
+        except (RequestError, KeyError, ValueError, TypeError) as e:
+            self.failed.inc()
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))
+            return
+        group = asyncio.run(run_group(self.sampler, self.policy.params, self.policy.version, envs, task,
+                                      req.request_id, self.limits))
+        for t in group:
+            self.episodes[t.status].inc()
+            self.generated.inc(int(t.loss_mask.sum()))
+            self.env_latency.update(int(t.env_latency_s * 1000))
+            yield t
+
+
+class PackRecordsFn(beam.DoFn):
+    """Stateful per-bucket packer: emits a record when full, and flushes what is left
+    `max_wait_s` after the first trajectory entered an empty buffer."""
+
+    BUFFER = BagStateSpec("buffer", PickleCoder())
+    ARMED = ReadModifyWriteStateSpec("armed", BooleanCoder())
+    FLUSH = TimerSpec("flush", beam.TimeDomain.REAL_TIME)
+
+    def __init__(self, shape: RecordShape, max_wait_s: float, clock=time.time):
+        self.shape, self.max_wait_s, self.clock = shape, max_wait_s, clock
+        self.records = Metrics.counter(NS, "records")
+        self.fill = Metrics.distribution(NS, "record_fill_permille")
+
+    def process(self, kv, buffer=beam.DoFn.StateParam(BUFFER), armed=beam.DoFn.StateParam(ARMED),
+                flush=beam.DoFn.TimerParam(FLUSH)):
+        buffer.add(kv[1])
+        ready, rest = take_full_records(list(buffer.read()), self.shape)
+        if ready:
+            buffer.clear()
+            for t in rest:
+                buffer.add(t)
+        if rest and not armed.read():
+            flush.set(Timestamp.of(self.clock()) + Duration.of(self.max_wait_s))
+            armed.write(True)
+        yield from self._emit(ready)
+
+    @on_timer(FLUSH)
+    def on_flush(self, buffer=beam.DoFn.StateParam(BUFFER), armed=beam.DoFn.StateParam(ARMED)):
+        items = list(buffer.read())
+        buffer.clear()
+        armed.clear()
+        yield from self._emit(pack(items, self.shape) if items else [])
+
+    def _emit(self, recs):
+        cells = self.shape.rows * self.shape.seq_len
+        for r in recs:
+            self.records.inc()
+            self.fill.update(r.num_tokens * 1000 // cells)
+            yield r
+
+
+def to_pubsub_message(rec: records.PackedRecord) -> PubsubMessage:
+    return PubsubMessage(data=records.encode(rec), attributes=records.attributes(rec))
+
+
+class PackTrajectories(beam.PTransform):
+    """Trajectories -> dedup by id -> key by length bucket -> fixed-shape records."""
+
+    def __init__(self, shape: RecordShape, max_wait_s: float, dedup_window_s: float, clock=time.time):
+        super().__init__()
+        self.shape, self.max_wait_s, self.dedup_window_s, self.clock = shape, max_wait_s, dedup_window_s, clock
+
+    def expand(self, trajectories):
+        return (trajectories
+                | "KeyById" >> beam.Map(lambda t: (t.trajectory_id, t))
+                | "DedupTrajectories" >> DeduplicatePerKey(processing_time_duration=Duration.of(self.dedup_window_s))
+                # One length bucket for now: every trajectory fits the single [rows, seq_len] shape.
+                | "KeyByBucket" >> beam.Map(lambda kv: (0, kv[1]))
+                | "PackRecords" >> beam.ParDo(PackRecordsFn(self.shape, self.max_wait_s, self.clock)))

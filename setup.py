@@ -1,0 +1,26 @@
+"""One installable distribution for the rollout pipeline (Dataflow --setup_file),
+the learner (Vertex AI custom job) and the local stack."""
+from setuptools import find_packages, setup
+
+setup(
+    name="beam-agentic-rl",
+    version="0.1.0",
+    description="Decoupled agentic RL: Beam rollouts, Pub/Sub buffer, JAX learner.",
+    python_requires=">=3.11,<3.13",
+    packages=find_packages(include=["environments*", "pipelines*", "trainer*", "localstack*"]),
+    install_requires=[
+        "apache-beam[gcp]>=2.77,<2.78",
+        "jax>=0.10,<0.11",
+        "jaxlib>=0.10,<0.11",
+        "flax>=0.12,<0.13",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.11",
+        "tensorflow-datasets>=4.9.9",
+        "importlib_resources>=6",
+        "google-cloud-pubsub>=2.44,<3",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "psutil>=5.9"],
+    },
+)

@@ -1,0 +1,36 @@
+"""Shared fixtures. The Pub/Sub emulator is started once per session, on first use."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from localstack.pubsub_emulator import EmulatorUnavailable, PubSubEmulator
+
+
+@pytest.fixture(scope="session")
+def pubsub_emulator(tmp_path_factory):
+    """One emulator for the whole session, with PUBSUB_EMULATOR_HOST/PUBSUB_PROJECT_ID set.
+
+    Tests share it, so they must use their own topic/subscription names (unique_name).
+    """
+    emu = PubSubEmulator(log_dir=tmp_path_factory.mktemp("pubsub-emulator"))
+    try:
+        emu.start()
+    except EmulatorUnavailable as err:  # missing gcloud/java: say what to install
+        pytest.skip(f"Pub/Sub emulator unavailable: {err}")
+    try:
+        emu.apply_env()
+        yield emu
+    finally:
+        emu.stop()  # also restores the environment
+
+
+@pytest.fixture
+def unique_name():
+    """Callable making names unique per call; Pub/Sub wants >= 3 chars, starting with a letter."""
+
+    def make(prefix: str = "test") -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+    return make

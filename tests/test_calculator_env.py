@@ -1,0 +1,203 @@
+"""CalculatorEnv end to end with real policies, the safe evaluator, latency, tasks, registry."""
+import asyncio
+import json
+import random
+import re
+import string
+import time
+
+import pytest
+
+import environments as E
+from environments import (CalculatorConfig, CalculatorEnv, EpisodeStatus, LatencyModel,
+                          StepResult, Task, generate_tasks, make)
+
+
+def oracle_policy(prompt: str, history: list[str]) -> str:
+    """Asks the tool, then answers with what the tool said."""
+    if not history:
+        expr = re.fullmatch(r"Compute (.+)\. ", prompt).group(1)
+        return f"<call calc>{expr}</call>"
+    return "<answer>" + re.fullmatch(r"<result>(.*)</result>", history[-1]).group(1) + "</answer>"
+
+
+async def run_episode(env, task, policy) -> tuple[float, StepResult]:
+    prompt = await env.reset(task)
+    history, total = [], 0.0
+    while True:
+        result = await env.step(policy(prompt, history))
+        total += result.reward
+        history.append(result.observation)
+        if result.done:
+            return total, result
+
+
+def test_oracle_policy_solves_test_tasks():
+    tasks = generate_tasks(seed=1, n=50, split="test")
+    env = CalculatorEnv()
+    for task in tasks:
+        reward, last = asyncio.run(run_episode(env, task, oracle_policy))
+        assert reward == 1.0, task
+        assert last.info["status"] == EpisodeStatus.FINISHED
+        assert last.info["tool_calls"] == 1 and last.info["turns"] == 2
+
+
+def test_garbage_policy_scores_near_zero():
+    rng = random.Random(0)
+
+    def garbage(prompt, history):
+        return "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 40)))
+
+    env = CalculatorEnv()
+    tasks = generate_tasks(seed=2, n=100, split="train")
+    results = [asyncio.run(run_episode(env, t, garbage)) for t in tasks]
+    assert sum(r for r, _ in results) / len(results) < 0.1
+    assert all(last.info["status"] == EpisodeStatus.TRUNCATED for _, last in results)
+    assert all(last.info["malformed_calls"] == 4 for _, last in results)
+
+
+def test_wrong_or_non_integer_answer_gets_zero():
+    task = Task("t", "Compute 2+2. ", "4")
+    env = CalculatorEnv()
+    for answer, expected in [("4", 1.0), (" +4\n", 1.0), ("004", 1.0), ("5", 0.0),
+                             ("4.0", 0.0), ("four", 0.0), ("４", 0.0), ("", 0.0)]:
+        asyncio.run(env.reset(task))
+        result = asyncio.run(env.step(f"<answer>{answer}</answer>"))
+        assert (result.reward, result.done) == (expected, True), answer
+
+
+def _steps(env, task, actions):
+    async def go():
+        await env.reset(task)
+        return [await env.step(a) for a in actions]
+    return asyncio.run(go())
+
+
+def test_malformed_and_unknown_tools_are_counted_errors():
+    env = CalculatorEnv(CalculatorConfig(max_turns=10))
+    results = _steps(env, Task("t", "Compute 1+1. ", "2"),
+                     ["hello", "<call calc>1+1", "<call search>x</call>", "<call>1</call>",
+                      "<call python>1</call>", "<answer>2</answer>"])
+    for r in results[:5]:
+        assert r.observation.startswith("<error>") and r.observation.endswith("</error>")
+        assert r.reward == 0.0 and not r.done
+    assert "unknown tool" in results[2].observation
+    last = results[-1]
+    assert last.reward == 1.0 and last.done
+    assert last.info["malformed_calls"] == 3 and last.info["unknown_tool_calls"] == 2
+    assert last.info["tool_calls"] == 0
+
+
+@pytest.mark.parametrize("expr, result", [
+    ("12*(3+4)", "<result>84</result>"), (" -3 - -4 ", "<result>1</result>"),
+    ("17//5", "<result>3</result>"), ("17%5", "<result>2</result>"),
+    ("1//0", "<error>division by zero</error>"), ("5%(2-2)", "<error>division by zero</error>"),
+])
+def test_calc_tool(expr, result):
+    [r] = _steps(CalculatorEnv(), Task("t", "p", "0"), [f"<call calc>{expr}</call>"])
+    assert r.observation == result
+
+
+@pytest.mark.parametrize("expr", [
+    "__import__('os')", "__import__('os').system('true')", "2**999999", "9" * 60,
+    "99999999*99999999*99999999", "1" * 10_000, "x", "os.name", "(1).real", "[1][0]",
+    "'a'*3", "1.5+1", "True+1", "7/2", "lambda: 1", "(" * 40 + "1" + ")" * 40, "-" * 70 + "1",
+    "1 if 1 else 2", "f'{1}'", "", "1;2", "a:=1",
+])
+def test_hostile_expressions_are_refused(expr):
+    env = CalculatorEnv()
+    [r] = _steps(env, Task("t", "p", "0"), [f"<call calc>{expr}</call>"])
+    assert r.observation.startswith("<error>") and not r.done
+    assert r.info["tool_errors"] == 1 and r.info["tool_calls"] == 1
+    with pytest.raises(E.CalcError):
+        E.safe_eval(expr, max_chars=64)
+
+
+def test_deep_nesting_is_refused_even_without_length_cap():
+    assert E.safe_eval("-" * 60 + "1") == 1  # within the cap, legal
+    for expr in ["-" * 100_000 + "1", "(" * 10_000 + "1" + ")" * 10_000]:
+        with pytest.raises(E.CalcError):
+            E.safe_eval(expr, max_chars=10**6)
+
+
+def test_max_turns_truncates():
+    env = CalculatorEnv(CalculatorConfig(max_turns=3))
+    results = _steps(env, Task("t", "p", "2"), ["<call calc>1+1</call>"] * 3)
+    assert [r.done for r in results] == [False, False, True]
+    assert results[-1].info["status"] == EpisodeStatus.TRUNCATED == "truncated"
+    assert results[-1].info["tool_calls"] == 3
+    assert "status" not in results[0].info
+    with pytest.raises(RuntimeError):  # stepping a finished episode is a caller bug
+        asyncio.run(env.step("<answer>2</answer>"))
+
+
+def test_injected_latency_is_awaited_and_overlaps():
+    config = CalculatorConfig(tool_latency=LatencyModel.from_spec("fixed:0.2"))
+    task = generate_tasks(0, 1)[0]
+
+    t0 = time.perf_counter()
+    [r] = _steps(CalculatorEnv(config), task, ["<call calc>1+1</call>"])
+    assert time.perf_counter() - t0 >= 0.2
+    assert r.info["tool_latency_s"] == pytest.approx(0.2)
+
+    async def many():
+        envs = [CalculatorEnv(config) for _ in range(10)]
+        return await asyncio.gather(*(run_episode(e, task, oracle_policy) for e in envs))
+
+    t0 = time.perf_counter()
+    results = asyncio.run(many())
+    elapsed = time.perf_counter() - t0
+    assert all(reward == 1.0 for reward, _ in results)
+    assert elapsed < 0.5 * 10 * 0.2, elapsed  # serial would be >= 2.0 s
+
+
+def test_task_generation_is_deterministic_and_splits_disjoint():
+    a, b = generate_tasks(7, 300, "train"), generate_tasks(7, 300, "train")
+    assert a == b
+    assert generate_tasks(8, 300, "train") != a
+    assert len({t.task_id for t in a}) == 300
+    train = {t.meta["expression"] for s in range(3) for t in generate_tasks(s, 300, "train")}
+    test = {t.meta["expression"] for s in range(3) for t in generate_tasks(s, 300, "test")}
+    assert train and test and not train & test
+    for t in a:
+        assert len(t.prompt) <= 24 and t.prompt.startswith("Compute ")
+        assert t.target == str(E.safe_eval(t.meta["expression"]))
+    n_ops = {len(re.findall(r"[+\-*]", t.meta["expression"])) for t in a}
+    assert n_ops == {1, 2}
+    with pytest.raises(ValueError):
+        generate_tasks(0, 1, split="validation")
+
+
+def test_task_json_round_trip_and_validation():
+    for t in generate_tasks(3, 5, "test"):
+        assert Task.from_json_dict(json.loads(json.dumps(t.to_json_dict()))) == t
+    assert Task.from_json_dict({"task_id": "a", "prompt": "p", "target": "1"}).meta == {}
+    bad = [None, [], {"prompt": "p", "target": "1"}, {"task_id": 1, "prompt": "p", "target": "1"},
+           {"task_id": "a", "prompt": "p", "target": 1}, {"task_id": "", "prompt": "p", "target": "1"},
+           {"task_id": "a", "prompt": "p", "target": "1", "meta": []},
+           {"task_id": "a", "prompt": "p", "target": "1", "extra": 1}]
+    for d in bad:
+        with pytest.raises(ValueError):
+            Task.from_json_dict(d)
+    with pytest.raises(ValueError, match="JSON"):
+        Task("a", "p", "1", meta={"x": object()}).to_json_dict()
+
+
+def test_config_validation():
+    assert CalculatorConfig(tool_latency="fixed:0.5").tool_latency.seconds == 0.5
+    for kwargs in [{"max_turns": 0}, {"max_turns": 1.5}, {"max_expression_chars": 0},
+                   {"tool_latency": 0.5}, {"tool_latency": "fixed:-1"}]:
+        with pytest.raises(ValueError):
+            CalculatorConfig(**kwargs)
+
+
+def test_registry():
+    assert "calculator" in E.names()
+    env = make("calculator", max_turns=2, tool_latency="none")
+    assert isinstance(env, CalculatorEnv) and env.config.max_turns == 2
+    assert E.make_tasks("calculator", 0, 3, "test") == generate_tasks(0, 3, "test")
+    with pytest.raises(KeyError, match="calculator"):
+        make("no-such-env")
+    with pytest.raises(ValueError):
+        E.register("calculator", lambda **kw: CalculatorEnv())
+    assert E.load_entry_points() == []  # no plugins installed here

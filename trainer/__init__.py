@@ -1,0 +1,1 @@
+"""Learner side: policy model, packed-record contract, policy store, losses, learner, feeder."""

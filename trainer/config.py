@@ -1,0 +1,60 @@
+"""Typed, self-validating configs for the policy model and the learner."""
+from __future__ import annotations
+
+import dataclasses
+
+from trainer import tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = tokenizer.VOCAB_SIZE
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    mlp_dim: int = 256
+    max_seq_len: int = 256
+    rope_base: float = 10_000.0
+
+    def __post_init__(self):
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_dim", "max_seq_len"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"ModelConfig.{f} must be positive, got {getattr(self, f)}")
+        if self.vocab_size < tokenizer.VOCAB_SIZE:
+            raise ValueError(f"vocab_size {self.vocab_size} < tokenizer's {tokenizer.VOCAB_SIZE}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError("d_model must split into n_heads heads of even size (RoPE pairs)")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+MODEL_CONFIGS = {
+    "tiny": ModelConfig(),
+    "small": ModelConfig(d_model=256, n_layers=4, n_heads=8, mlp_dim=1024, max_seq_len=512),
+}
+
+
+def model_config(name: str) -> ModelConfig:
+    try:
+        return MODEL_CONFIGS[name]
+    except KeyError:
+        raise ValueError(f"unknown model config {name!r}; known: {sorted(MODEL_CONFIGS)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordShape:
+    """The fixed [rows, seq_len] shape of every packed record, agreed by both sides."""
+
+    rows: int = 4
+    seq_len: int = 256
+    # Bounds the trajectories per record, which the feeder's credit rule relies on.
+    max_segments_per_row: int = 2
+
+    def __post_init__(self):
+        if self.rows <= 0 or self.seq_len <= 0 or self.max_segments_per_row <= 0:
+            raise ValueError(f"record shape must be positive, got {self}")
+
+    @property
+    def max_trajectories(self) -> int:
+        return self.rows * self.max_segments_per_row

@@ -1,0 +1,52 @@
+"""Pulls packed records from Pub/Sub, validates them, dead-letters what is invalid."""
+from __future__ import annotations
+
+import logging
+
+from trainer import pubsub_io
+from trainer.records import PackedRecord, RecordError, decode
+
+log = logging.getLogger(__name__)
+
+
+class RecordConsumer:
+    """Every pulled message ends in exactly one counter: accepted, duplicate or rejected.
+    A rejected message is published to the dead-letter topic (when configured) with the
+    reason, then acked: it never reaches the learner and never blocks the subscription."""
+
+    def __init__(self, subscription: str, expected_shape: tuple[int, int], dead_letter_topic: str | None = None):
+        self.subscription = subscription
+        self.expected_shape = expected_shape
+        self.dead_letter_topic = dead_letter_topic
+        self.subscriber = pubsub_io.subscriber_client()
+        self.publisher = pubsub_io.publisher_client() if dead_letter_topic else None
+        self.seen_ids: set[str] = set()
+        self.accepted = self.duplicates = self.rejected = 0
+
+    def poll(self, max_messages: int = 10, timeout_s: float = 1.0) -> list[PackedRecord]:
+        received = pubsub_io.pull(self.subscriber, self.subscription, max_messages, timeout_s)
+        out = []
+        for rm in received:
+            try:
+                rec = decode(rm.message.data, self.expected_shape)
+            except RecordError as e:
+                self._reject(rm.message, str(e))
+                continue
+            if rec.record_id in self.seen_ids:  # Pub/Sub delivers at least once
+                self.duplicates += 1
+                continue
+            self.seen_ids.add(rec.record_id)
+            self.accepted += 1
+            out.append(rec)
+        pubsub_io.ack(self.subscriber, self.subscription, [rm.ack_id for rm in received])
+        return out
+
+    def _reject(self, message, error: str) -> None:
+        self.rejected += 1
+        log.error("rejected record message %s: %s", message.message_id, error)
+        if self.publisher is not None:
+            pubsub_io.publish(self.publisher, self.dead_letter_topic, message.data,
+                              error=error[:1000], source_subscription=self.subscription).result(timeout=30)
+
+    def close(self) -> None:
+        self.subscriber.close()

@@ -1,0 +1,88 @@
+"""The learner: one jitted, donated train step over fixed-shape packed batches."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from trainer import losses
+from trainer.config import ModelConfig
+from trainer.model import init_model, split_params, token_logprobs
+from trainer.records import PackedRecord
+
+BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_logprobs", "advantages")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    batch_records: int = 2  # records per step; a step sees batch_records * rows sequences
+    learning_rate: float = 3e-4
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    max_grad_norm: float = 1.0
+    publish_every: int = 5  # steps between policy versions
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.batch_records < 1:
+            raise ValueError(f"batch_records must be >= 1, got {self.batch_records}")
+        if not 0 < self.eps_low < 1 or self.eps_high <= 0:
+            raise ValueError(f"need 0 < eps_low < 1 and eps_high > 0, got {self.eps_low}, {self.eps_high}")
+        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
+            raise ValueError("learning_rate and max_grad_norm must be positive")
+        if self.publish_every < 1:
+            raise ValueError(f"publish_every must be >= 1, got {self.publish_every}")
+
+
+def batch_from_records(records: list[PackedRecord]) -> dict[str, np.ndarray]:
+    """Stack B records of [rows, seq] into one [B * rows, seq] batch."""
+    return {f: np.concatenate([getattr(r, f) for r in records], axis=0) for f in BATCH_FIELDS}
+
+
+def _loss_fn(graphdef, params, batch, eps_low, eps_high):
+    model = nnx.merge(graphdef, params)
+    logits = model(batch["tokens"], batch["segment_ids"], batch["positions"])
+    logp = token_logprobs(logits, batch["tokens"])
+    mask = batch["loss_mask"].astype(np.float32)
+    loss, metrics = losses.ppo_clipped_loss(
+        logp, batch["behaviour_logprobs"], batch["advantages"], mask, eps_low, eps_high)
+    metrics["losses/entropy"] = losses.entropy(logits, mask)
+    return loss, metrics
+
+
+def _train_step(graphdef, tx, eps_low, eps_high, params, opt_state, batch):
+    grad_fn = jax.value_and_grad(functools.partial(_loss_fn, graphdef), has_aux=True)
+    (loss, metrics), grads = grad_fn(params, batch, eps_low, eps_high)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    metrics["losses/grad_norm"] = optax.global_norm(grads)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+
+class Learner:
+    def __init__(self, model_cfg: ModelConfig, cfg: LearnerConfig):
+        self.model_cfg, self.cfg = model_cfg, cfg
+        self.graphdef, self.params = split_params(init_model(model_cfg, cfg.seed))
+        tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(cfg.learning_rate))
+        self.opt_state = tx.init(self.params)
+        step = functools.partial(_train_step, self.graphdef, tx, cfg.eps_low, cfg.eps_high)
+        self._step = jax.jit(step, donate_argnums=(0, 1))
+        self.steps = 0
+
+    def train_step(self, records: list[PackedRecord]) -> dict[str, float]:
+        if len(records) != self.cfg.batch_records:
+            raise ValueError(f"expected {self.cfg.batch_records} records, got {len(records)}")
+        batch = batch_from_records(records)
+        self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
+        self.steps += 1
+        return {k: float(v) for k, v in metrics.items()}
+
+    def params_dict(self) -> dict:
+        """Params as a nested dict of arrays: what the policy store writes."""
+        return self.params.to_pure_dict()
+
+    def compiled_variants(self) -> int:
+        return self._step._cache_size()

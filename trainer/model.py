@@ -1,0 +1,138 @@
+"""Decoder-only transformer policy (Flax NNX) that understands packed rows.
+
+Attention is causal *and* restricted to the query's own segment, and RoPE uses the
+per-segment positions, so a trajectory scores the same alone or packed with others.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from trainer.config import ModelConfig
+
+
+def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
+    """x: [B, T, H, D]; positions: [B, T]. Rotates pairs (x[..., :D/2], x[..., D/2:])."""
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, half]
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def segment_causal_mask(segment_ids: jax.Array) -> jax.Array:
+    """[B, T] -> [B, 1, T, T] boolean: key k visible to query q iff k <= q and same segment.
+    Padding (segment 0) attends to padding only, so no row is ever all-masked (no NaN)."""
+    t = segment_ids.shape[-1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (causal[None] & same)[:, None]
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.qkv = nnx.Linear(cfg.d_model, 3 * cfg.d_model, use_bias=False, rngs=rngs)
+        self.out = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=False, rngs=rngs)
+
+    def __call__(self, x, positions, mask):
+        b, t, _ = x.shape
+        q, k, v = jnp.split(self.qkv(x).reshape(b, t, 3 * self.cfg.n_heads, self.head_dim), 3, axis=2)
+        q, k = rope(q, positions, self.cfg.rope_base), rope(k, positions, self.cfg.rope_base)
+        y = nnx.dot_product_attention(q, k, v, mask=mask)
+        return self.out(y.reshape(b, t, -1))
+
+    def decode(self, x, positions, cache_k, cache_v, index):
+        """One token per row. x: [B, 1, d]; caches: [B, T, H, D]; index: [B] slot to write.
+        Keys beyond `index` are stale (an earlier episode in this slot) and masked out."""
+        b = x.shape[0]
+        q, k, v = jnp.split(self.qkv(x).reshape(b, 1, 3 * self.cfg.n_heads, self.head_dim), 3, axis=2)
+        q, k = rope(q, positions[:, None], self.cfg.rope_base), rope(k, positions[:, None], self.cfg.rope_base)
+        rows = jnp.arange(b)
+        cache_k = cache_k.at[rows, index].set(k[:, 0].astype(cache_k.dtype))
+        cache_v = cache_v.at[rows, index].set(v[:, 0].astype(cache_v.dtype))
+        visible = jnp.arange(cache_k.shape[1])[None, :] <= index[:, None]  # [B, T]
+        y = nnx.dot_product_attention(q, cache_k, cache_v, mask=visible[:, None, None, :])
+        return self.out(y.reshape(b, 1, -1)), cache_k, cache_v
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.gate = nnx.Linear(cfg.d_model, cfg.mlp_dim, use_bias=False, rngs=rngs)
+        self.up = nnx.Linear(cfg.d_model, cfg.mlp_dim, use_bias=False, rngs=rngs)
+        self.down = nnx.Linear(cfg.mlp_dim, cfg.d_model, use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.attn_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.attn = Attention(cfg, rngs)
+        self.mlp_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, mask):
+        x = x + self.attn(self.attn_norm(x), positions, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def decode(self, x, positions, cache_k, cache_v, index):
+        h, cache_k, cache_v = self.attn.decode(self.attn_norm(x), positions, cache_k, cache_v, index)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), cache_k, cache_v
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+
+    def __call__(self, tokens, segment_ids, positions):
+        """tokens, segment_ids, positions: int [B, T] -> logits float32 [B, T, vocab]."""
+        mask = segment_causal_mask(segment_ids)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, positions, mask)
+        return self.embed.attend(self.final_norm(x)).astype(jnp.float32)
+
+    def decode(self, tokens, positions, cache, index):
+        """KV-cached step, one token per row: tokens, positions, index: int [B];
+        cache: (k, v) each [n_layers, B, T, H, D]. Returns (logits [B, vocab], cache)."""
+        x = self.embed(tokens[:, None])
+        new_k, new_v = [], []
+        for layer, block in enumerate(self.blocks):
+            x, k, v = block.decode(x, positions, cache[0][layer], cache[1][layer], index)
+            new_k.append(k)
+            new_v.append(v)
+        logits = self.embed.attend(self.final_norm(x))[:, 0].astype(jnp.float32)
+        return logits, (jnp.stack(new_k), jnp.stack(new_v))
+
+    def init_cache(self, batch: int, length: int, dtype=jnp.float32):
+        shape = (self.cfg.n_layers, batch, length, self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads)
+        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Log-prob of tokens[:, t] given the prefix, read from logits[:, t-1]; 0 at t=0.
+    Only meaningful where t-1 is in the same segment, which holds wherever the loss
+    mask is 1 (every trajectory starts with a prompt token)."""
+    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(picked, ((0, 0), (1, 0)))
+
+
+def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    return Transformer(cfg, nnx.Rngs(seed))
+
+
+def split_params(model: Transformer):
+    """(graphdef, params State): the pure pytree that jit, optax and the store handle."""
+    return nnx.split(model, nnx.Param)

@@ -1,0 +1,66 @@
+"""What the learner saw and did, for logs and the end-of-run summary."""
+from __future__ import annotations
+
+import collections
+import time
+
+
+class RunStats:
+    def __init__(self, learner_version: int):
+        self.started = time.monotonic()
+        self.step_time_s = 0.0
+        self.records = 0
+        self.tokens = 0
+        self.loss_tokens = 0
+        self.rewards: list[float] = []
+        self.statuses = collections.Counter()
+        self.record_shapes = collections.Counter()
+        self.record_versions = collections.Counter()  # max policy version in each record
+        self.staleness = collections.Counter()  # learner version - oldest version in the record
+        self.versions_published = [learner_version]
+        self.last_metrics: dict[str, float] = {}
+
+    def on_record(self, rec, learner_version: int) -> None:
+        self.records += 1
+        self.tokens += rec.num_tokens
+        self.loss_tokens += rec.num_loss_tokens
+        self.record_shapes[f"{rec.shape[0]}x{rec.shape[1]}"] += 1
+        self.record_versions[rec.max_policy_version] += 1
+        if rec.min_policy_version >= 0:
+            self.staleness[learner_version - rec.min_policy_version] += 1
+        for t in rec.trajectories:
+            self.rewards.append(t.reward)
+            self.statuses[t.status] += 1
+
+    def on_step(self, step_fn) -> dict[str, float]:
+        t0 = time.monotonic()
+        self.last_metrics = step_fn()
+        self.step_time_s += time.monotonic() - t0
+        return self.last_metrics
+
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+    def summary(self, learner, consumer, feeder, shape) -> dict:
+        wall = time.monotonic() - self.started
+        return {
+            "steps": learner.steps,
+            "policy_versions_published": self.versions_published,
+            "records_consumed": self.records,
+            "records_rejected": consumer.rejected,
+            "records_duplicate": consumer.duplicates,
+            "tokens_consumed": self.tokens,
+            "loss_tokens_consumed": self.loss_tokens,
+            "trajectories": len(self.rewards),
+            "mean_reward": round(self.mean_reward(), 4),
+            "episode_status": dict(self.statuses),
+            "declared_record_shape": f"{shape.rows}x{shape.seq_len}",
+            "record_shapes": dict(self.record_shapes),
+            "records_by_max_policy_version": {str(k): v for k, v in sorted(self.record_versions.items())},
+            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
+            "requests_published": feeder.published,
+            "compiled_train_steps": learner.compiled_variants(),
+            "wall_s": round(wall, 2),
+            "learner_duty_cycle": round(self.step_time_s / wall, 4) if wall else 0.0,
+            "last_metrics": {k: round(v, 5) for k, v in self.last_metrics.items()},
+        }

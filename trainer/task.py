@@ -1,0 +1,102 @@
+"""Learner entry point (local process or Vertex AI custom job): `python -m trainer.task`.
+
+Publishes policy v0, starts the feeder, then trains on packed records from Pub/Sub and
+publishes a new policy version every `publish_every` steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import environments
+from trainer.config import RecordShape, model_config
+from trainer.consumer import RecordConsumer
+from trainer.feeder import CreditConfig, Feeder, TrajectoryCredits
+from trainer.learner import Learner, LearnerConfig
+from trainer.run_stats import RunStats
+from trainer.store import PolicyStore
+
+log = logging.getLogger("trainer")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--requests_topic", required=True)
+    p.add_argument("--records_subscription", required=True)
+    p.add_argument("--dead_letter_topic", default=None)
+    p.add_argument("--policy_root", required=True)
+    p.add_argument("--model_config", default="tiny")
+    p.add_argument("--max_steps", type=int, default=20)
+    p.add_argument("--timeout_s", type=float, default=600.0, help="give up (exit 1) after this long")
+    p.add_argument("--batch_records", type=int, default=2)
+    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--seq_len", type=int, default=256)
+    p.add_argument("--max_segments_per_row", type=int, default=2)
+    p.add_argument("--group_size", type=int, default=4)
+    p.add_argument("--publish_every", type=int, default=5)
+    p.add_argument("--max_batches_ahead", type=int, default=1)
+    p.add_argument("--learning_rate", type=float, default=3e-4)
+    p.add_argument("--env", default="calculator")
+    p.add_argument("--env_config", type=json.loads, default={}, help='JSON, e.g. {"tool_latency": "fixed:0.1"}')
+    p.add_argument("--task_seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
+    return p.parse_args(argv)
+
+
+def run(args) -> dict:
+    shape = RecordShape(args.rows, args.seq_len, args.max_segments_per_row)
+    cfg = LearnerConfig(batch_records=args.batch_records, learning_rate=args.learning_rate,
+                        publish_every=args.publish_every, seed=args.seed)
+    credits_cfg = CreditConfig(args.max_batches_ahead, args.batch_records, shape, args.group_size)
+    mcfg = model_config(args.model_config)
+    store, learner = PolicyStore(args.policy_root), Learner(mcfg, cfg)
+    version = (store.latest_version() or -1) + 1  # never re-publish an existing version
+    store.publish(version, learner.params_dict(), {"model_config": mcfg.to_dict(), "step": 0})
+    credits = TrajectoryCredits(credits_cfg.window)
+    tasks = environments.make_tasks(args.env, args.task_seed, 1000, "train")
+    feeder = Feeder(args.requests_topic, tasks, credits, args.group_size, args.env, args.env_config)
+    consumer = RecordConsumer(args.records_subscription, (shape.rows, shape.seq_len), args.dead_letter_topic)
+    stats, buffer = RunStats(learner_version=version), []
+    feeder.start()
+    deadline = time.monotonic() + args.timeout_s
+    try:
+        while learner.steps < args.max_steps:
+            if time.monotonic() > deadline or feeder.error:
+                raise RuntimeError(f"learner stopped at step {learner.steps}: "
+                                   f"{feeder.error or f'timeout after {args.timeout_s}s'}")
+            for rec in consumer.poll(max_messages=10, timeout_s=1.0):
+                credits.release(len(rec.trajectories))
+                stats.on_record(rec, version)
+                buffer.append(rec)
+            while len(buffer) >= cfg.batch_records and learner.steps < args.max_steps:
+                batch, buffer = buffer[:cfg.batch_records], buffer[cfg.batch_records:]
+                metrics = stats.on_step(lambda: learner.train_step(batch))
+                if learner.steps % cfg.publish_every == 0:
+                    version += 1
+                    store.publish(version, learner.params_dict(), {"model_config": mcfg.to_dict(), "step": learner.steps})
+                    stats.versions_published.append(version)
+                log.info("step %d version %d loss %.4f reward %.3f", learner.steps, version,
+                         metrics["losses/policy_loss"], stats.mean_reward())
+    finally:
+        feeder.stop()
+        consumer.close()
+    return stats.summary(learner, consumer, feeder, shape)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    summary = run(args)
+    print(json.dumps(summary, indent=2))
+    if args.summary_path:
+        with open(args.summary_path, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
