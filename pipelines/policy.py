@@ -23,7 +23,7 @@ class PolicyHandle:
         self.store = store
         self.poll_interval_s = poll_interval_s
         self._template = template_params
-        self._target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), template_params.to_pure_dict())
+        self._target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(template_params))
         self._clock = clock
         self._last_poll = float("-inf")
         self.version: int | None = None

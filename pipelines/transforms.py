@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders import BooleanCoder, PickleCoder
@@ -149,8 +150,8 @@ class PackTrajectories(beam.PTransform):
 
     def expand(self, trajectories):
         return (trajectories
-                | "KeyById" >> beam.Map(lambda t: (t.trajectory_id, t))
+                | "KeyById" >> beam.Map(lambda t: (t.trajectory_id, t)).with_output_types(tuple[str, Any])
                 | "DedupTrajectories" >> DeduplicatePerKey(processing_time_duration=Duration.of(self.dedup_window_s))
                 # One length bucket for now: every trajectory fits the single [rows, seq_len] shape.
-                | "KeyByBucket" >> beam.Map(lambda kv: (0, kv[1]))
+                | "KeyByBucket" >> beam.Map(lambda kv: (0, kv[1])).with_output_types(tuple[int, Any])
                 | "PackRecords" >> beam.ParDo(PackRecordsFn(self.shape, self.max_wait_s, self.clock)))

@@ -131,10 +131,12 @@ def test_gc_keeps_latest_and_newest(store):
     store._write_version(6, params_for(6))  # in flight: newer than LATEST, must survive
     stale_tmp = store.policies_dir / "00000001.orbax-checkpoint-tmp-99"
     stale_tmp.mkdir()
+    live_tmp = store.policies_dir / "00000007.orbax-checkpoint-tmp"  # a save in progress
+    live_tmp.mkdir()
     deleted = store.gc(keep=2)
     assert deleted == [0, 1, 2]
     assert store.versions() == [3, 4, 6]
-    assert not stale_tmp.exists()
+    assert not stale_tmp.exists() and live_tmp.exists()
     assert_tree_equal(store.load_latest(abstract(params_for(0)))[1], params_for(4))
     assert store.gc(keep=1) == [3]
     assert store.versions() == [4, 6]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import psutil
@@ -11,6 +12,7 @@ from google.cloud import pubsub_v1
 
 from localstack.pubsub_emulator import (
     DEFAULT_PROJECT,
+    EmulatorStartError,
     EmulatorUnavailable,
     PubSubEmulator,
 )
@@ -147,6 +149,25 @@ def test_body_raising_leaves_no_process(tmp_path):
             sub.list_subscriptions(request={"project": project}, timeout=2, retry=None)
         finally:
             sub.close()
+
+
+def test_taken_port_fails_fast_and_leaves_no_process(tmp_path):
+    # On a bind failure java logs a BindException but keeps running; the harness must
+    # notice it in the log rather than wait for the startup timeout (or, worse, take
+    # whoever holds the port for its own emulator).
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        emu = PubSubEmulator(log_dir=tmp_path, port=port, startup_timeout_s=60)
+        start = time.monotonic()
+        with pytest.raises(EmulatorStartError, match="BindException|already in use"):
+            emu.start()
+    assert time.monotonic() - start < 30
+    assert emu.pid is None
+    ours = [p.pid for p in psutil.process_iter(["cmdline"])
+            if f"--port={port}" in " ".join(p.info["cmdline"] or [])]
+    assert _gone_or_zombie(ours) == []
 
 
 def test_env_is_restored_after_stop(tmp_path, monkeypatch):

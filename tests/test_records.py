@@ -204,6 +204,14 @@ def test_rejects_inconsistent_trajectories():
     t = rec.trajectories[0]
     rec.trajectories[0] = TrajectoryInfo(t.trajectory_id, t.row, t.segment, t.num_tokens + 1, t.reward, t.status)
     raises(r"num_tokens", rec.validate)
+    rec = make_record(2, 2, 32)
+    assert len(rec.trajectories) >= 2
+    rec.trajectories[-1] = rec.trajectories[0]
+    raises(r"two trajectories claim", rec.validate)
+    rec = make_record(2, 2, 32)
+    t = rec.trajectories[0]
+    rec.trajectories[0] = TrajectoryInfo(t.trajectory_id, t.row, 99, t.num_tokens, t.reward, t.status)
+    raises(r"not present", rec.validate)
 
 
 @pytest.mark.parametrize("field,value", [("reward", "1.5"), ("row", True), ("trajectory_id", 7), ("status", None)])

@@ -82,7 +82,7 @@ class Learner:
 
     def params_dict(self) -> dict:
         """Params as a nested dict of arrays: what the policy store writes."""
-        return self.params.to_pure_dict()
+        return nnx.to_pure_dict(self.params)
 
     def compiled_variants(self) -> int:
         return self._step._cache_size()

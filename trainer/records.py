@@ -55,7 +55,7 @@ class TrajectoryInfo:
     status: str
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return dict(vars(self))  # flat scalar fields: no need for asdict's deep copy
 
     @classmethod
     def from_json(cls, obj) -> "TrajectoryInfo":
@@ -200,18 +200,13 @@ def _validate(rec: PackedRecord, expected_shape) -> None:
 def _validate_trajectories(trajs, seg, run_start, rows) -> None:
     if not isinstance(trajs, list) or not all(isinstance(t, TrajectoryInfo) for t in trajs):
         _fail("trajectories must be a list of TrajectoryInfo")
-    r_idx, _ = np.nonzero(run_start)
-    present = r_idx.astype(np.int64) * (1 << 32) + seg[run_start]  # (row, segment) keys
-    if len(trajs) != present.size:
-        _fail(f"{len(trajs)} trajectories listed but {present.size} segments present")
-    if not trajs:
-        return
-    flat = seg.reshape(-1)
-    row_of = np.repeat(np.arange(rows, dtype=np.int64), seg.shape[1])
-    keys, lengths = np.unique(row_of[flat > 0] * (1 << 32) + flat[flat > 0], return_counts=True)
-    length_of = dict(zip(keys.tolist(), lengths.tolist()))  # one entry per segment
+    if len(trajs) != int(run_start.sum()):
+        _fail(f"{len(trajs)} trajectories listed but {int(run_start.sum())} segments present")
+    r, c = np.nonzero(seg)  # segments are known to be contiguous here: count tokens per (row, id)
+    keys, lengths = np.unique(r.astype(np.int64) * (1 << 32) + seg[r, c], return_counts=True)
+    length_of = dict(zip(keys.tolist(), lengths.tolist()))
     seen = set()
-    for t in trajs:
+    for t in trajs:  # one per segment, not per token
         _check_traj_types(vars(t))
         key = t.row * (1 << 32) + t.segment if 0 <= t.row < rows and t.segment > 0 else None
         if key not in length_of:
