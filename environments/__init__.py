@@ -6,7 +6,7 @@ from environments.base import Environment, EpisodeStatus, StepResult, Task
 from environments.calculator import (CalculatorConfig, CalculatorEnv, CalcError,
                                      generate_tasks, safe_eval)
 from environments.latency import LatencyModel, LatencySampler
-from environments.registry import (load_entry_points, make, make_tasks, names,
+from environments.registry import (load_entry_points, make, make_tasks, names, oracle,
                                    register)
 from environments.tool_calls import (TURN_STOP_STRINGS, Action, FinalAnswer, Malformed,
                                      ToolCall, format_error, format_result, parse_action)
@@ -15,6 +15,6 @@ __all__ = [
     "Action", "CalcError", "CalculatorConfig", "CalculatorEnv", "Environment",
     "EpisodeStatus", "FinalAnswer", "LatencyModel", "LatencySampler", "Malformed",
     "StepResult", "TURN_STOP_STRINGS", "Task", "ToolCall", "format_error", "format_result",
-    "generate_tasks", "load_entry_points", "make", "make_tasks", "names", "parse_action",
+    "generate_tasks", "load_entry_points", "make", "make_tasks", "names", "oracle", "parse_action",
     "register", "safe_eval",
 ]

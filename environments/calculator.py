@@ -203,3 +203,12 @@ def generate_tasks(seed: int, n: int, split: str = "train") -> list[Task]:
         tasks.append(Task(task_id=f"calculator-{split}-{digest}", prompt=f"Compute {expr}. ",
                           target=str(safe_eval(expr)), meta={"expression": expr}))
     return tasks
+
+
+def oracle_action(task: Task, observations: list[str]) -> str:
+    """The scripted expert: ask `calc` for the task's expression, then answer with the
+    result. `observations` are the environment's replies so far (the prompt excluded)."""
+    if not observations:
+        return f"<call {TOOL_NAME}>{task.meta['expression']}</call>"
+    result = re.fullmatch(r"<result>(.*)</result>", observations[-1])
+    return f"<answer>{result.group(1) if result else task.target}</answer>"

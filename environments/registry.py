@@ -17,13 +17,17 @@ ENTRY_POINT_GROUP = "agentic_rl.environments"
 
 EnvFactory = Callable[..., Environment]
 TaskGenerator = Callable[[int, int, str], "list[Task]"]
+# oracle(task, observations so far) -> next action text: a scripted expert, used to test
+# that rewards are reachable and to warm-start a policy by behaviour cloning.
+Oracle = Callable[[Task, "list[str]"], str]
 
 _FACTORIES: dict[str, EnvFactory] = {}
 _TASKS: dict[str, TaskGenerator] = {}
+_ORACLES: dict[str, Oracle] = {}
 
 
 def register(name: str, factory: EnvFactory, *, tasks: TaskGenerator | None = None,
-             overwrite: bool = False) -> None:
+             oracle: Oracle | None = None, overwrite: bool = False) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"environment name must be a non-empty string, got {name!r}")
     if not callable(factory):
@@ -35,6 +39,8 @@ def register(name: str, factory: EnvFactory, *, tasks: TaskGenerator | None = No
     _FACTORIES[name] = factory
     if tasks is not None:
         _TASKS[name] = tasks
+    if oracle is not None:
+        _ORACLES[name] = oracle
 
 
 def names() -> list[str]:
@@ -57,6 +63,13 @@ def make_tasks(name: str, seed: int, n: int, split: str = "train") -> list[Task]
     return gen(seed, n, split)
 
 
+def oracle(name: str) -> Oracle:
+    try:
+        return _ORACLES[name]
+    except KeyError:
+        raise KeyError(f"no oracle for {name!r}; have: {sorted(_ORACLES)}") from None
+
+
 def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[str]:
     """Register environments advertised by installed packages; return their names.
 
@@ -75,12 +88,12 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[str]:
 
 
 def _register_builtins() -> None:
-    from environments.calculator import CalculatorConfig, CalculatorEnv, generate_tasks
+    from environments.calculator import CalculatorConfig, CalculatorEnv, generate_tasks, oracle_action
 
     def make_calculator(**kwargs) -> CalculatorEnv:
         return CalculatorEnv(CalculatorConfig(**kwargs))
 
-    register("calculator", make_calculator, tasks=generate_tasks)
+    register("calculator", make_calculator, tasks=generate_tasks, oracle=oracle_action)
 
 
 _register_builtins()

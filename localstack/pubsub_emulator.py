@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from google.api_core import exceptions as gexc
 
+from localstack.processes import kill_group
 from trainer import pubsub_io
 
 DEFAULT_PROJECT = "local-agentic-rl"  # Beam refuses project ids not of the real form
@@ -51,18 +51,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _group_alive(pgid: int) -> bool:
-    """True while a non-zombie process is in the group (zombies hold no port)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:  # fields after the ")" closing the command name: state ppid pgrp ...
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the process exited while we looked
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 class PubSubEmulator:
@@ -182,23 +170,8 @@ class PubSubEmulator:
             return ""
 
     def _kill_group(self, term_grace_s: float = 5.0) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        pgid = proc.pid  # start_new_session: the leader's pid is the group id
-        for sig, grace in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            end = time.monotonic() + grace
-            while time.monotonic() < end and _group_alive(pgid):
-                proc.poll()  # reap the leader so it does not linger as a zombie
-                time.sleep(0.05)
-            if not _group_alive(pgid):
-                break  # no need to escalate to SIGKILL
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
+        if self._proc is not None:
+            kill_group(self._proc, term_grace_s)
 
     def stop(self) -> None:
         """Kill the whole process group (SIGTERM, then SIGKILL). Idempotent."""

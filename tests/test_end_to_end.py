@@ -22,7 +22,8 @@ def _processes_mentioning(text: str) -> list[str]:
 def test_pipeline_and_learner_close_the_loop(tmp_path):
     workdir = tmp_path / "demo"
     args = parse_args([f"--workdir={workdir}", "--max_steps=10", "--publish_every=3",
-                       "--tool_latency=fixed:0.02", "--policy_poll_s=0.2", "--timeout_s=400"])
+                       "--tool_latency=fixed:0.02", "--policy_poll_s=0.2", "--timeout_s=400",
+                       "--warmstart_steps=0"])
     s = run_local(args)
 
     assert s["steps"] >= 10

@@ -18,6 +18,7 @@ from trainer.feeder import CreditConfig, Feeder, TrajectoryCredits
 from trainer.learner import Learner, LearnerConfig
 from trainer.run_stats import RunStats
 from trainer.store import PolicyStore
+from trainer.warmstart import warm_start
 
 log = logging.getLogger("trainer")
 
@@ -43,6 +44,8 @@ def parse_args(argv):
     p.add_argument("--env_config", type=json.loads, default={}, help='JSON, e.g. {"tool_latency": "fixed:0.1"}')
     p.add_argument("--task_seed", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmstart_steps", type=int, default=0,
+                   help="behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)")
     p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
     return p.parse_args(argv)
 
@@ -54,10 +57,14 @@ def run(args) -> dict:
     credits_cfg = CreditConfig(args.max_batches_ahead, args.batch_records, shape, args.group_size)
     mcfg = model_config(args.model_config)
     store, learner = PolicyStore(args.policy_root), Learner(mcfg, cfg)
+    tasks = environments.make_tasks(args.env, args.task_seed, 1000, "train")
+    if args.warmstart_steps:
+        learner.params, losses = warm_start(learner.graphdef, learner.params, args.env, tasks,
+                                            args.warmstart_steps, seed=args.seed)
+        log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
     version = (store.latest_version() or -1) + 1  # never re-publish an existing version
     store.publish(version, learner.params_dict(), {"model_config": mcfg.to_dict(), "step": 0})
     credits = TrajectoryCredits(credits_cfg.window)
-    tasks = environments.make_tasks(args.env, args.task_seed, 1000, "train")
     feeder = Feeder(args.requests_topic, tasks, credits, args.group_size, args.env, args.env_config)
     consumer = RecordConsumer(args.records_subscription, (shape.rows, shape.seq_len), args.dead_letter_topic)
     stats, buffer = RunStats(learner_version=version), []

@@ -1,0 +1,267 @@
+"""Trajectory credits: the window the feeder may have in flight, blocking acquire, and a
+pure-Python simulation that the credit rule cannot deadlock the producer/consumer loop."""
+import collections
+import itertools
+import threading
+import time
+
+import pytest
+
+from trainer.config import RecordShape
+from trainer.feeder import CreditConfig, TrajectoryCredits
+
+
+# ----------------------------------------------------------------------------- CreditConfig
+def test_window_arithmetic():
+    shape = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)  # 8 trajectories per record
+    assert CreditConfig(max_batches_ahead=0, batch_records=1, shape=shape, group_size=4).window == 8 + 4
+    assert CreditConfig(max_batches_ahead=2, batch_records=3, shape=shape, group_size=8).window == 3 * 3 * 8 + 8
+    one = RecordShape(rows=1, seq_len=16, max_segments_per_row=1)
+    assert CreditConfig(max_batches_ahead=0, batch_records=1, shape=one, group_size=1).window == 2
+    assert CreditConfig(max_batches_ahead=5, batch_records=2, shape=RecordShape(3, 64, 3),
+                        group_size=16).window == 6 * 2 * 9 + 16
+
+
+@pytest.mark.parametrize("kw", [dict(max_batches_ahead=-1), dict(batch_records=0), dict(batch_records=-2),
+                                dict(group_size=0), dict(group_size=-4)])
+def test_credit_config_refuses_settings_that_cannot_work(kw):
+    args = dict(max_batches_ahead=1, batch_records=2, shape=RecordShape(2, 32, 2), group_size=4)
+    args.update(kw)
+    with pytest.raises(ValueError):
+        CreditConfig(**args)
+
+
+def test_record_shape_refuses_non_positive():
+    for bad in [dict(rows=0), dict(seq_len=0), dict(max_segments_per_row=0)]:
+        with pytest.raises(ValueError):
+            RecordShape(**bad)
+
+
+# ----------------------------------------------------------------------------- TrajectoryCredits
+def test_acquire_and_release_count_outstanding():
+    credits = TrajectoryCredits(window=10)
+    never = threading.Event()
+    assert credits.acquire(4, never) and credits.acquire(6, never)
+    assert credits.outstanding == 10
+    credits.release(3)
+    assert credits.outstanding == 7
+    assert credits.acquire(3, never)
+    assert credits.outstanding == 10
+    credits.release(10)
+    assert credits.outstanding == 0
+
+
+def test_acquire_blocks_while_full_and_proceeds_after_release():
+    t_start = time.monotonic()
+    credits = TrajectoryCredits(window=8)
+    stop = threading.Event()
+    assert credits.acquire(8, stop)
+    events = []
+    acquired = threading.Event()
+
+    def producer():
+        ok = credits.acquire(4, stop, poll_s=0.05)
+        events.append(("acquired", ok, time.monotonic()))
+        acquired.set()
+
+    th = threading.Thread(target=producer, daemon=True)
+    th.start()
+    # Still full: the producer must be waiting.
+    assert not acquired.wait(0.2)
+    assert events == []
+    credits.release(2)  # 6 outstanding: 4 more still do not fit
+    assert not acquired.wait(0.15)
+    t_release = time.monotonic()
+    events.append(("released", None, t_release))
+    credits.release(2)  # 4 outstanding: now they fit
+    assert acquired.wait(1.0)
+    th.join(1.0)
+    assert [e[0] for e in events] == ["released", "acquired"]
+    assert events[1][1] is True
+    assert events[1][2] - t_release < 0.5  # woken by the notify, promptly
+    assert credits.outstanding == 8
+    assert time.monotonic() - t_start < 2.0
+
+
+def test_acquire_returns_false_promptly_when_stopped():
+    credits = TrajectoryCredits(window=4)
+    stop = threading.Event()
+    assert credits.acquire(4, stop)
+    result = []
+
+    def producer():
+        result.append(credits.acquire(1, stop, poll_s=0.05))
+
+    th = threading.Thread(target=producer, daemon=True)
+    th.start()
+    time.sleep(0.1)
+    assert result == []
+    t0 = time.monotonic()
+    stop.set()
+    th.join(1.0)
+    assert not th.is_alive()
+    assert result == [False]
+    assert time.monotonic() - t0 < 0.5
+    assert credits.outstanding == 4  # a refused acquire takes nothing
+
+
+def test_acquire_already_stopped_but_fitting_still_succeeds():
+    credits = TrajectoryCredits(window=4)
+    stop = threading.Event()
+    stop.set()
+    t0 = time.monotonic()
+    assert credits.acquire(3, stop)
+    assert not credits.acquire(2, stop)
+    assert time.monotonic() - t0 < 0.2
+    assert credits.outstanding == 3
+
+
+def test_many_threads_never_exceed_the_window():
+    credits = TrajectoryCredits(window=12)
+    stop = threading.Event()
+    peak, lock = [0], threading.Lock()
+
+    def worker():
+        for _ in range(40):
+            if not credits.acquire(3, stop, poll_s=0.01):
+                return
+            with lock:
+                peak[0] = max(peak[0], credits.outstanding)
+            credits.release(3)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(2.0)
+    assert not any(th.is_alive() for th in threads)
+    assert peak[0] <= 12
+    assert credits.outstanding == 0
+
+
+# ----------------------------------------------------------------------------- no-deadlock simulation
+class Simulation:
+    """Producer (feeder + rollout workers), packer and consumer (learner), run in lock step.
+
+    * producer: acquires group_size credits per request (never blocking: a stopped event
+      makes acquire a non-blocking try) and hands group_size trajectories to the packer;
+    * packer (adversarial): a record always holds the maximum rows*max_segments_per_row
+      trajectories, and leftovers below that are NOT flushed (no timer ever fires);
+    * consumer: a step needs batch_records records; it then returns the credits of the
+      trajectories they hold.
+    A stall is a round in which neither side can make progress."""
+
+    def __init__(self, cfg: CreditConfig, window: int | None = None):
+        self.cfg = cfg
+        self.credits = TrajectoryCredits(cfg.window if window is None else window)
+        self.try_only = threading.Event()
+        self.try_only.set()
+        self.per_record = cfg.shape.max_trajectories
+        self.buffer = 0  # trajectories in the packer, not yet in a record
+        self.records = collections.deque()  # trajectories per queued record
+        self.steps = 0
+        self.requests = 0
+        self.max_outstanding = 0
+
+    def produce(self) -> bool:
+        if not self.credits.acquire(self.cfg.group_size, self.try_only):
+            return False
+        self.requests += 1
+        self.max_outstanding = max(self.max_outstanding, self.credits.outstanding)
+        self.buffer += self.cfg.group_size
+        while self.buffer >= self.per_record:
+            self.records.append(self.per_record)
+            self.buffer -= self.per_record
+        return True
+
+    def consume(self) -> bool:
+        if len(self.records) < self.cfg.batch_records:
+            return False
+        batch = [self.records.popleft() for _ in range(self.cfg.batch_records)]
+        self.credits.release(sum(batch))
+        self.steps += 1
+        return True
+
+    def run(self, steps: int, max_rounds: int = 100_000) -> None:
+        for _ in range(max_rounds):
+            if self.steps >= steps:
+                return
+            progressed = False
+            while self.produce():  # the feeder runs ahead as far as credits allow
+                progressed = True
+            if self.consume():
+                progressed = True
+            if not progressed:
+                raise AssertionError(
+                    f"stall after {self.steps} steps: outstanding {self.credits.outstanding}/"
+                    f"{self.credits.window}, {len(self.records)} records queued, {self.buffer} buffered")
+        raise AssertionError("simulation did not finish")
+
+
+COMBOS = list(itertools.product([0, 1, 3], [1, 2, 4], [1, 2, 4], [1, 2, 3], [1, 3, 4, 8, 16]))
+
+
+@pytest.mark.parametrize("ahead,batch,rows,segs,group", COMBOS[::20] + [(0, 1, 1, 1, 1), (0, 1, 4, 3, 16),
+                                                                      (3, 4, 4, 3, 5), (0, 4, 1, 1, 7)])
+def test_credit_window_never_deadlocks(ahead, batch, rows, segs, group):
+    cfg = CreditConfig(max_batches_ahead=ahead, batch_records=batch,
+                       shape=RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs), group_size=group)
+    sim = Simulation(cfg)
+    sim.run(50)
+    assert sim.steps == 50
+    assert sim.max_outstanding <= cfg.window
+    # The feeder really runs ahead: with the window full, at least ahead+1 batches of
+    # trajectories are in flight.
+    assert sim.max_outstanding > (ahead + 1) * batch * cfg.shape.max_trajectories
+
+
+def test_all_combinations_never_deadlock():
+    for ahead, batch, rows, segs, group in COMBOS:
+        cfg = CreditConfig(max_batches_ahead=ahead, batch_records=batch,
+                           shape=RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs), group_size=group)
+        Simulation(cfg).run(50)
+
+
+def test_simulation_detects_a_window_that_is_too_small():
+    """The same simulation stalls when the window cannot fill one batch: it can fail."""
+    cfg = CreditConfig(max_batches_ahead=0, batch_records=2, shape=RecordShape(rows=2, seq_len=64,
+                                                                                max_segments_per_row=2),
+                       group_size=1)
+    with pytest.raises(AssertionError, match="stall"):
+        Simulation(cfg, window=2 * 4 - 1).run(50)
+
+
+def test_simulation_with_the_real_packer_never_deadlocks():
+    """Same loop with real trajectories and take_full_records (no timer flush)."""
+    import numpy as np
+
+    from pipelines.packing import take_full_records
+    from pipelines.trajectory import Trajectory
+
+    rng = np.random.default_rng(0)
+    for ahead, batch, rows, segs, group in [(0, 1, 2, 2, 4), (1, 2, 2, 3, 3), (2, 1, 3, 1, 8), (0, 3, 2, 2, 1)]:
+        shape = RecordShape(rows=rows, seq_len=32, max_segments_per_row=segs)
+        cfg = CreditConfig(max_batches_ahead=ahead, batch_records=batch, shape=shape, group_size=group)
+        credits, try_only = TrajectoryCredits(cfg.window), threading.Event()
+        try_only.set()
+        buffer, queue, steps, made = [], collections.deque(), 0, 0
+        while steps < 50:
+            progressed = False
+            while credits.acquire(group, try_only):
+                progressed = True
+                for _ in range(group):
+                    n = int(rng.choice([1, 2, 3, int(rng.integers(1, 33))]))  # mostly tiny: many per row
+                    m = np.ones(n, np.uint8)
+                    m[0] = 0
+                    buffer.append(Trajectory(f"t{made}", "r", "task", np.zeros(n, np.int32), m,
+                                             np.where(m == 1, -1.0, 0).astype(np.float32),
+                                             np.where(m == 1, 0, -1).astype(np.int32), 0.0, "finished"))
+                    made += 1
+                    ready, buffer = take_full_records(buffer, shape)
+                    queue.extend(ready)
+            if len(queue) >= batch:
+                recs = [queue.popleft() for _ in range(batch)]
+                credits.release(sum(len(r.trajectories) for r in recs))
+                steps += 1
+                progressed = True
+            assert progressed, f"stall at step {steps} for {cfg}: {credits.outstanding} outstanding"
