@@ -15,11 +15,14 @@ from trainer.config import RecordShape
 from trainer.records import PackedRecord, TrajectoryInfo, empty_record_arrays
 
 
-def first_fit_decreasing(lengths: list[int], seq_len: int, max_per_row: int) -> list[list[int]]:
-    """Assigns item indices to bins of capacity seq_len; returns the bins (lists of indices)."""
+def first_fit_decreasing(lengths: list[int], seq_len: int, max_per_row: int,
+                         tie_keys: list[str] | None = None) -> list[list[int]]:
+    """Assigns item indices to bins of capacity seq_len; returns the bins (lists of indices).
+    Equal lengths are ordered by tie_keys, so the result does not depend on arrival order."""
     bins: list[list[int]] = []
     free: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+    keys = tie_keys or [""] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], keys[i])):
         if lengths[i] > seq_len:
             raise ValueError(f"trajectory of {lengths[i]} tokens cannot fit a row of {seq_len}")
         for b, room in enumerate(free):
@@ -36,7 +39,7 @@ def first_fit_decreasing(lengths: list[int], seq_len: int, max_per_row: int) -> 
 def pack(trajectories: list[Trajectory], shape: RecordShape) -> list[PackedRecord]:
     """All trajectories into as few records as first-fit decreasing allows; the last
     record may be partly padding."""
-    rows = first_fit_decreasing([len(t) for t in trajectories], shape.seq_len, shape.max_segments_per_row)
+    rows = _rows(trajectories, shape)
     return [build_record(trajectories, rows[i:i + shape.rows], shape) for i in range(0, len(rows), shape.rows)]
 
 
@@ -44,13 +47,18 @@ def take_full_records(trajectories: list[Trajectory], shape: RecordShape) -> tup
     """Streaming step: records that are as full as they will get, plus the leftovers to
     keep buffering. A record is ready when the buffer overflows it (FFD puts the longest
     trajectories first) or when every row already holds its maximum segment count."""
-    rows = first_fit_decreasing([len(t) for t in trajectories], shape.seq_len, shape.max_segments_per_row)
+    rows = _rows(trajectories, shape)
     ready = []
     while len(rows) > shape.rows or (
             len(rows) == shape.rows and all(len(r) == shape.max_segments_per_row for r in rows)):
         ready.append(build_record(trajectories, rows[:shape.rows], shape))
         rows = rows[shape.rows:]
     return ready, [trajectories[i] for row in rows for i in row]
+
+
+def _rows(trajectories: list[Trajectory], shape: RecordShape) -> list[list[int]]:
+    return first_fit_decreasing([len(t) for t in trajectories], shape.seq_len, shape.max_segments_per_row,
+                                [t.trajectory_id for t in trajectories])
 
 
 def build_record(trajectories: list[Trajectory], rows: list[list[int]], shape: RecordShape) -> PackedRecord:

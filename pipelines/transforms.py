@@ -87,8 +87,14 @@ class RunEpisodesFn(beam.DoFn):
             self.failed.inc()
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))
             return
-        group = asyncio.run(run_group(self.sampler, self.policy.params, self.policy.version, envs, task,
-                                      req.request_id, self.limits))
+        try:
+            group = asyncio.run(run_group(self.sampler, self.policy.params, self.policy.version, envs, task,
+                                          req.request_id, self.limits))
+        except Exception as e:  # noqa: BLE001 - e.g. an env failing in reset(): this request only
+            log.exception("request %s failed", req.request_id)
+            self.failed.inc()
+            yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))
+            return
         for t in group:
             self.episodes[t.status].inc()
             self.generated.inc(int(t.loss_mask.sum()))

@@ -12,7 +12,7 @@ import zlib
 import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.test_stream import TestStream as BeamTestStream
 from apache_beam.testing.util import BeamAssertException, assert_that
 
 from pipelines.trajectory import Trajectory
@@ -75,7 +75,7 @@ def records_hold(expected_groups: list[set[str]], expected_tokens: collections.C
     return match
 
 
-def run(stream: TestStream, transform, matcher) -> None:
+def run(stream: BeamTestStream, transform, matcher) -> None:
     opts = PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
     with beam.Pipeline(options=opts) as p:
         assert_that(p | stream | transform, matcher)
@@ -90,7 +90,7 @@ def test_full_records_come_out_without_any_timer():
     """9 x 16 tokens: two records fill (2 rows x 2 segments each) as elements arrive; processing
     time never moves, so the flush timer never fires and the 9th stays buffered."""
     trajs = [traj(f"req/{i}", 16) for i in range(9)]
-    stream = TestStream().add_elements(trajs[:5]).add_elements(trajs[5:]).advance_watermark_to_infinity()
+    stream = BeamTestStream().add_elements(trajs[:5]).add_elements(trajs[5:]).advance_watermark_to_infinity()
 
     def match(recs):
         if len(recs) != 2:
@@ -110,7 +110,7 @@ def test_full_records_come_out_without_any_timer():
 
 def test_full_records_then_flush_of_the_leftover():
     trajs = [traj(f"req/{i}", 16) for i in range(5)]
-    stream = (TestStream().add_elements(trajs).advance_processing_time(MAX_WAIT_S + 0.5)
+    stream = (BeamTestStream().add_elements(trajs).advance_processing_time(MAX_WAIT_S + 0.5)
               .advance_watermark_to_infinity())
 
     def match(recs):
@@ -126,13 +126,13 @@ def test_full_records_then_flush_of_the_leftover():
 
 def test_lone_trajectory_is_flushed_after_max_wait():
     t0 = traj("lone/0", 10)
-    stream = TestStream().add_elements([t0]).advance_processing_time(MAX_WAIT_S + 0.1).advance_watermark_to_infinity()
+    stream = BeamTestStream().add_elements([t0]).advance_processing_time(MAX_WAIT_S + 0.1).advance_watermark_to_infinity()
     run(stream, pack_trajectories(), records_hold([{"lone/0"}], tokens_of([t0])))
 
 
 def test_lone_trajectory_is_not_flushed_before_max_wait():
     t0 = traj("lone/0", 10)
-    stream = TestStream().add_elements([t0]).advance_processing_time(MAX_WAIT_S - 0.5).advance_watermark_to_infinity()
+    stream = BeamTestStream().add_elements([t0]).advance_processing_time(MAX_WAIT_S - 0.5).advance_watermark_to_infinity()
     run(stream, pack_trajectories(), records_hold([], collections.Counter()))
 
 
@@ -140,7 +140,7 @@ def test_flush_happens_between_max_wait_boundaries():
     """t0 arms the timer at 0; t1 arrives at 1.9 (before the flush, so it joins t0's record);
     the flush at 2.0 has happened by 2.1, so t2 (arriving at 2.1) starts a new record."""
     t0, t1, t2 = traj("a/0", 10), traj("a/1", 8), traj("a/2", 12)
-    stream = (TestStream()
+    stream = (BeamTestStream()
               .add_elements([t0]).advance_processing_time(1.9)
               .add_elements([t1]).advance_processing_time(0.2)
               .add_elements([t2]).advance_processing_time(5.0)
@@ -151,7 +151,7 @@ def test_flush_happens_between_max_wait_boundaries():
 def test_duplicate_trajectory_ids_are_dropped():
     t0, t1 = traj("dup/0", 9), traj("dup/1", 7)
     t0_again = traj("dup/0", 9)  # a redelivery: same id, same content
-    stream = (TestStream()
+    stream = (BeamTestStream()
               .add_elements([t0, t0_again, t1])
               .add_elements([traj("dup/0", 9)])
               .advance_processing_time(MAX_WAIT_S + 1.0)
@@ -164,7 +164,7 @@ def test_duplicate_trajectory_ids_are_dropped():
 def test_pack_records_fn_keeps_one_buffer_per_key():
     """Two keys, one trajectory each: they would share a record if buffered together."""
     a, b = traj("k0/0", 20), traj("k1/0", 20)
-    stream = (TestStream().add_elements([(0, a), (1, b)]).advance_processing_time(MAX_WAIT_S + 1.0)
+    stream = (BeamTestStream().add_elements([(0, a), (1, b)]).advance_processing_time(MAX_WAIT_S + 1.0)
               .advance_watermark_to_infinity())
     fn = beam.ParDo(PackRecordsFn(SHAPE, max_wait_s=MAX_WAIT_S, clock=zero_clock))
     run(stream, fn, records_hold([{"k0/0"}, {"k1/0"}], tokens_of([a, b])))

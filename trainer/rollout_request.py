@@ -30,11 +30,12 @@ class RolloutRequest:
             raise RequestError(f"request of {len(data)} bytes exceeds {MAX_REQUEST_BYTES}")
         try:
             obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting too
             raise RequestError(f"request is not JSON: {e}") from None
         if not isinstance(obj, dict):
             raise RequestError("request must be a JSON object")
-        if obj.get("schema_version") != REQUEST_SCHEMA_VERSION:
+        version = obj.get("schema_version")
+        if type(version) is not int or version != REQUEST_SCHEMA_VERSION:  # refuses True too
             raise RequestError(f"request schema_version {obj.get('schema_version')!r}, expected {REQUEST_SCHEMA_VERSION}")
         fields = {f.name: f.type for f in dataclasses.fields(cls)}
         missing = {"request_id", "env", "task", "group_size"} - set(obj)
@@ -42,7 +43,7 @@ class RolloutRequest:
             raise RequestError(f"request fields: missing {sorted(missing)}, unknown {sorted(set(obj) - set(fields) - {'schema_version'})}")
         obj.pop("schema_version")
         req = cls(**obj)
-        if not isinstance(req.request_id, str) or not req.request_id or not isinstance(req.env, str):
+        if not all(isinstance(v, str) and v for v in (req.request_id, req.env)):
             raise RequestError("request_id and env must be non-empty strings")
         if not isinstance(req.task, dict) or not isinstance(req.env_config, dict):
             raise RequestError("task and env_config must be JSON objects")
