@@ -33,6 +33,9 @@ class CalculatorConfig:
     max_turns: int = 4
     tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
     max_expression_chars: int = 64
+    # The tool does this many binary operations per call: with 1, a task with two
+    # operators needs two calls (multi-step tool use), the result of one feeding the next.
+    max_ops_per_call: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.tool_latency, str):  # Accept a spec so flags can pass "fixed:0.2".
@@ -40,7 +43,7 @@ class CalculatorConfig:
         if not isinstance(self.tool_latency, LatencyModel):
             raise ValueError(f"tool_latency must be a LatencyModel or spec string, "
                              f"got {type(self.tool_latency).__name__}")
-        for name in ("max_turns", "max_expression_chars"):
+        for name in ("max_turns", "max_expression_chars", "max_ops_per_call"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"CalculatorConfig.{name} must be an int >= 1, got {v!r}")
@@ -55,7 +58,7 @@ _BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
            ast.Mod: lambda a, b: a % b}
 
 
-def safe_eval(expr: str, max_chars: int = 64) -> int:
+def safe_eval(expr: str, max_chars: int = 64, max_ops: int | None = None) -> int:
     """Evaluate integer arithmetic; raise CalcError with a short reason on anything else."""
     expr = expr.strip()
     if not expr:
@@ -66,6 +69,8 @@ def safe_eval(expr: str, max_chars: int = 64) -> int:
         tree = ast.parse(expr, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise CalcError("syntax error") from None
+    if max_ops is not None and sum(isinstance(n, ast.BinOp) for n in ast.walk(tree)) > max_ops:
+        raise CalcError(f"at most {max_ops} operation{'s' if max_ops > 1 else ''} per call")
     try:
         return _eval(tree.body)
     except RecursionError:
@@ -154,7 +159,8 @@ class CalculatorEnv(Environment):
         # Inline, not to_thread: input is capped at max_expression_chars, so this is
         # microseconds of CPU; a thread hop would cost more than the work.
         try:
-            return format_result(str(safe_eval(args, self.config.max_expression_chars)))
+            return format_result(str(safe_eval(args, self.config.max_expression_chars,
+                                               self.config.max_ops_per_call)))
         except CalcError as e:
             self._info["tool_errors"] += 1
             return format_error(str(e))
@@ -205,10 +211,32 @@ def generate_tasks(seed: int, n: int, split: str = "train") -> list[Task]:
     return tasks
 
 
+def _evaluation_plan(expr: str) -> list[tuple]:
+    """The binary operations of `expr` in evaluation order, as (left, op, right) where an
+    operand is an int literal or ("ref", k): the result of operation k."""
+    plan: list[tuple] = []
+
+    def visit(node):
+        if isinstance(node, ast.BinOp):
+            left, right = visit(node.left), visit(node.right)
+            plan.append((left, _OP_SYMBOLS[type(node.op)], right))
+            return ("ref", len(plan) - 1)
+        return _eval(node)  # a literal, possibly negated
+
+    visit(ast.parse(expr, mode="eval").body)
+    return plan
+
+
+_OP_SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
+
+
 def oracle_action(task: Task, observations: list[str]) -> str:
-    """The scripted expert: ask `calc` for the task's expression, then answer with the
-    result. `observations` are the environment's replies so far (the prompt excluded)."""
-    if not observations:
-        return f"<call {TOOL_NAME}>{task.meta['expression']}</call>"
-    result = re.fullmatch(r"<result>(.*)</result>", observations[-1])
-    return f"<answer>{result.group(1) if result else task.target}</answer>"
+    """The scripted expert: one `calc` call per operation, in evaluation order, feeding
+    each result into the next; then answer with the last result. `observations` are the
+    environment's replies so far (the prompt excluded)."""
+    plan = _evaluation_plan(task.meta["expression"])
+    results = [int(m.group(1)) for o in observations if (m := re.fullmatch(r"<result>(-?\d+)</result>", o))]
+    if len(results) < len(plan):
+        left, op, right = (results[x[1]] if isinstance(x, tuple) else x for x in plan[len(results)])
+        return f"<call {TOOL_NAME}>{left}{op}{right}</call>"
+    return f"<answer>{results[-1] if results else task.target}</answer>"

@@ -13,19 +13,16 @@ from environments import (CalculatorConfig, CalculatorEnv, EpisodeStatus, Latenc
                           StepResult, Task, generate_tasks, make)
 
 
-def oracle_policy(prompt: str, history: list[str]) -> str:
-    """Asks the tool, then answers with what the tool said."""
-    if not history:
-        expr = re.fullmatch(r"Compute (.+)\. ", prompt).group(1)
-        return f"<call calc>{expr}</call>"
-    return "<answer>" + re.fullmatch(r"<result>(.*)</result>", history[-1]).group(1) + "</answer>"
+def oracle_policy(task: Task, history: list[str]) -> str:
+    """The registered oracle: one calc call per operation, then the answer."""
+    return E.oracle("calculator")(task, history)
 
 
 async def run_episode(env, task, policy) -> tuple[float, StepResult]:
-    prompt = await env.reset(task)
+    await env.reset(task)
     history, total = [], 0.0
     while True:
-        result = await env.step(policy(prompt, history))
+        result = await env.step(policy(task, history))
         total += result.reward
         history.append(result.observation)
         if result.done:
@@ -39,7 +36,20 @@ def test_oracle_policy_solves_test_tasks():
         reward, last = asyncio.run(run_episode(env, task, oracle_policy))
         assert reward == 1.0, task
         assert last.info["status"] == EpisodeStatus.FINISHED
-        assert last.info["tool_calls"] == 1 and last.info["turns"] == 2
+        n_ops = sum(task.meta["expression"][1:].count(op) for op in "+-*")
+        assert last.info["tool_calls"] == n_ops and last.info["turns"] == n_ops + 1
+
+
+def test_tasks_need_several_tool_calls():
+    """With one operation per call, a two-operator task cannot be done in one call."""
+    tasks = [t for t in generate_tasks(3, 200, "train") if "(" not in t.meta["expression"]]
+    two_ops = [t for t in tasks if sum(t.meta["expression"][1:].count(op) for op in "+-*") == 2]
+    assert len(two_ops) > 50
+    [r] = _steps(CalculatorEnv(), two_ops[0], [f"<call calc>{two_ops[0].meta['expression']}</call>"])
+    assert r.observation == "<error>at most 1 operation per call</error>"
+    assert r.info["tool_errors"] == 1
+    reward, last = asyncio.run(run_episode(CalculatorEnv(), two_ops[0], oracle_policy))
+    assert reward == 1.0 and last.info["tool_calls"] == 2
 
 
 def test_garbage_policy_scores_near_zero():
@@ -94,7 +104,8 @@ def test_malformed_and_unknown_tools_are_counted_errors():
     ("1//0", "<error>division by zero</error>"), ("5%(2-2)", "<error>division by zero</error>"),
 ])
 def test_calc_tool(expr, result):
-    [r] = _steps(CalculatorEnv(), Task("t", "p", "0"), [f"<call calc>{expr}</call>"])
+    env = CalculatorEnv(CalculatorConfig(max_ops_per_call=3))
+    [r] = _steps(env, Task("t", "p", "0"), [f"<call calc>{expr}</call>"])
     assert r.observation == result
 
 
@@ -144,11 +155,12 @@ def test_injected_latency_is_awaited_and_overlaps():
         envs = [CalculatorEnv(config) for _ in range(10)]
         return await asyncio.gather(*(run_episode(e, task, oracle_policy) for e in envs))
 
+    calls = len(E.calculator._evaluation_plan(task.meta["expression"]))
     t0 = time.perf_counter()
     results = asyncio.run(many())
     elapsed = time.perf_counter() - t0
     assert all(reward == 1.0 for reward, _ in results)
-    assert elapsed < 0.5 * 10 * 0.2, elapsed  # serial would be >= 2.0 s
+    assert elapsed < 0.5 * 10 * calls * 0.2, elapsed  # serial would be >= 10 * calls * 0.2 s
 
 
 def test_task_generation_is_deterministic_and_splits_disjoint():

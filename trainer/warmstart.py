@@ -66,7 +66,7 @@ def _sft_step(graphdef, tx, params, opt_state, batch):
 
 
 def warm_start(graphdef, params, env_name: str, tasks, steps: int, batch_rows: int = 32,
-               seq_len: int = 128, learning_rate: float = 3e-3, seed: int = 0):
+               seq_len: int = 160, learning_rate: float = 3e-3, seed: int = 0):
     """Returns (params, [loss per step]) after `steps` supervised steps on oracle rows."""
     data = oracle_rows(env_name, tasks, seq_len)
     tx = optax.adam(learning_rate)
