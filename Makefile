@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean system-deps
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,10 +12,20 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# bubblewrap isolates model-written code; without it the sandbox falls back to rlimits
+# only (and says so loudly). Installed from Debian's packages when we can.
+system-deps:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null; \
+	  else \
+	    echo "WARNING: bubblewrap (bwrap) is missing; install it: apt-get install bubblewrap" >&2; \
+	  fi; }
+
+demo: $(STAMP) system-deps
 	$(PY) -m localstack.demo $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q $(ARGS) tests
 
 clean:
