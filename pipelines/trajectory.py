@@ -20,6 +20,7 @@ class Trajectory:
     advantage: float = 0.0  # set once the whole group is complete
     env_latency_s: float = 0.0
     num_turns: int = 0
+    finished_at: float = 0.0  # wall clock (time.time()) when the episode ended: flush latency
 
     def __post_init__(self):
         n = len(self.tokens)
