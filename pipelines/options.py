@@ -26,3 +26,18 @@ class RolloutOptions(PipelineOptions):
         parser.add_argument("--dedup_window_s", type=float, default=3600.0)
         parser.add_argument("--heartbeat_s", type=float, default=0.1,
                             help="DirectRunner only: keep-alive interval so timers fire on time (0 = off)")
+
+
+class EngineOptions(PipelineOptions):
+    """How many episodes one worker process runs at once, and how results are committed."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--engine_slots", type=int, default=64,
+                            help="KV-cache slots of the per-process inference engine")
+        parser.add_argument("--max_concurrent_groups", type=int, default=16,
+                            help="requests (groups of G episodes) in flight per worker process")
+        parser.add_argument("--commit_interval_s", type=float, default=0.2,
+                            help="how often finished groups are committed downstream")
+        parser.add_argument("--request_shards", type=int, default=4,
+                            help="keys that requests are spread over (state and timers are per key)")
