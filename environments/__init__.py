@@ -5,6 +5,7 @@ Pure Python: must not import apache_beam, jax, flax or optax.
 from environments.base import Environment, EpisodeStatus, StepResult, Task
 from environments.calculator import (CalculatorConfig, CalculatorEnv, CalcError,
                                      generate_tasks, safe_eval)
+from environments.guess import GuessConfig, GuessEnv
 from environments.latency import LatencyModel, LatencySampler
 from environments.registry import (load_entry_points, make, make_tasks, names, oracle,
                                    register)
@@ -13,7 +14,7 @@ from environments.tool_calls import (TURN_STOP_STRINGS, Action, FinalAnswer, Mal
 
 __all__ = [
     "Action", "CalcError", "CalculatorConfig", "CalculatorEnv", "Environment",
-    "EpisodeStatus", "FinalAnswer", "LatencyModel", "LatencySampler", "Malformed",
+    "EpisodeStatus", "FinalAnswer", "GuessConfig", "GuessEnv", "LatencyModel", "LatencySampler", "Malformed",
     "StepResult", "TURN_STOP_STRINGS", "Task", "ToolCall", "format_error", "format_result",
     "generate_tasks", "load_entry_points", "make", "make_tasks", "names", "oracle", "parse_action",
     "register", "safe_eval",

@@ -95,5 +95,14 @@ def _register_builtins() -> None:
 
     register("calculator", make_calculator, tasks=generate_tasks, oracle=oracle_action)
 
+    from environments.guess import GuessConfig, GuessEnv
+    from environments.guess import generate_tasks as guess_tasks
+    from environments.guess import oracle_action as guess_oracle
+
+    def make_guess(**kwargs) -> GuessEnv:
+        return GuessEnv(GuessConfig(**kwargs))
+
+    register("guess", make_guess, tasks=guess_tasks, oracle=guess_oracle)
+
 
 _register_builtins()

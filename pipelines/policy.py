@@ -1,12 +1,15 @@
 """A rollout worker's view of the policy store: poll LATEST, reload newer versions.
 
-Polls at most every `poll_interval_s`; a failed load keeps the current version and is
-counted. Only complete versions are ever loaded (the store guarantees LATEST is written
-last, and `load` refuses a version without its commit marker).
+Polls at most every `poll_interval_s`, either when asked (`maybe_reload`) or from a
+background thread (`start_polling`), so loading never stalls decoding; the engine reads
+`current` between steps and picks the new version up atomically. A failed load keeps
+the current version and is counted. Only complete versions are ever loaded (the store
+writes LATEST last, and `load` refuses a version without its commit marker).
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import jax
@@ -26,10 +29,28 @@ class PolicyHandle:
         self._target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(template_params))
         self._clock = clock
         self._last_poll = float("-inf")
-        self.version: int | None = None
-        self.params: nnx.State | None = None
+        self.current: tuple[nnx.State, int] | None = None  # swapped as one reference
         self.reloads = 0
         self.failed_loads = 0
+        self._stop = threading.Event()
+
+    @property
+    def params(self) -> nnx.State | None:
+        return self.current[0] if self.current else None
+
+    @property
+    def version(self) -> int | None:
+        return self.current[1] if self.current else None
+
+    def start_polling(self) -> None:
+        def poll():
+            while not self._stop.wait(self.poll_interval_s):
+                self.maybe_reload(force=True)
+
+        threading.Thread(target=poll, name="policy-poller", daemon=True).start()
+
+    def stop_polling(self) -> None:
+        self._stop.set()
 
     def wait_for_first(self, timeout_s: float, sleep_s: float = 0.2) -> None:
         deadline = time.monotonic() + timeout_s
@@ -58,6 +79,6 @@ class PolicyHandle:
             return False
         state = jax.tree.map(lambda x: x, self._template)  # fresh container, same structure
         nnx.replace_by_pure_dict(state, loaded)
-        self.params, self.version = state, latest
+        self.current = (state, latest)
         self.reloads += 1
         return True

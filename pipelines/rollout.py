@@ -14,20 +14,22 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipelines.options import RolloutOptions
-from pipelines.transforms import DEAD_LETTER, PackTrajectories, ParseRequestFn, RunEpisodesFn, to_pubsub_message
+from pipelines.transforms import DEAD_LETTER, PackTrajectories, ParseRequestFn, RunEpisodes, to_pubsub_message
 from trainer.config import RecordShape
 from trainer.rollout_request import HEARTBEAT_ATTRIBUTE
 
 DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
 
-def build(p: beam.Pipeline, opts: RolloutOptions) -> None:
+def build(p: beam.Pipeline, options: PipelineOptions) -> None:
+    opts = options.view_as(RolloutOptions)
     shape = RecordShape(opts.rows, opts.seq_len, opts.max_segments_per_row)
     parsed = (p
               | "ReadRequests" >> beam.io.ReadFromPubSub(subscription=opts.requests_subscription, with_attributes=True)
               | "ParseRequests" >> beam.ParDo(ParseRequestFn()).with_outputs(DEAD_LETTER, main="requests"))
-    episodes = parsed.requests | "RunEpisodes" >> beam.ParDo(RunEpisodesFn(opts)).with_outputs(DEAD_LETTER, main="trajectories")
-    (episodes.trajectories
+    episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(options)
+    (episodes["groups"]
+     | "Flatten" >> beam.FlatMap(lambda group: group)
      | "Pack" >> PackTrajectories(shape, opts.max_wait_s, opts.dedup_window_s)
      | "ToMessages" >> beam.Map(to_pubsub_message)
      | "WriteRecords" >> beam.io.WriteToPubSub(opts.records_topic, with_attributes=True))
@@ -60,17 +62,31 @@ def start_heartbeat(subscription: str, interval_s: float) -> threading.Event:
     return stop
 
 
+class _QuietAsyncWrapper(logging.Filter):
+    """AsyncWrapper logs half a dozen INFO lines on every commit: keep its warnings only."""
+
+    def filter(self, record):
+        return record.levelno >= logging.WARNING or not record.pathname.endswith("async_dofn.py")
+
+
 def run(argv=None) -> None:
     options = PipelineOptions(argv)
     options.view_as(StandardOptions).streaming = True
     opts = options.view_as(RolloutOptions)
+    # Not argparse-required: Beam parses every registered options class for every
+    # pipeline in the process (tests included), so required flags would break those.
+    missing = [f for f in ("requests_subscription", "records_topic", "policy_root") if not getattr(opts, f)]
+    if missing:
+        raise SystemExit(f"missing required flags: {', '.join('--' + f for f in missing)}")
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
     if runner in DIRECT_RUNNERS and opts.heartbeat_s > 0:
         start_heartbeat(opts.requests_subscription, opts.heartbeat_s)
     with beam.Pipeline(options=options) as p:
-        build(p, opts)
+        build(p, options)
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_QuietAsyncWrapper())
     run(sys.argv[1:])

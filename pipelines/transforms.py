@@ -1,29 +1,30 @@
 """The pipeline's DoFns and composite transforms, one role each."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
+import zlib
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders import BooleanCoder, PickleCoder
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.async_dofn import AsyncWrapper
 from apache_beam.transforms.deduplicate import DeduplicatePerKey
 from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec, TimerSpec,
                                               on_timer)
+from apache_beam.utils.shared import Shared
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 import environments
-from pipelines.episodes import EpisodeLimits, run_group
+from pipelines.episodes import run_group
+from pipelines.options import EngineOptions
 from pipelines.packing import pack, take_full_records
-from pipelines.policy import PolicyHandle
+from pipelines.rollout_worker import RolloutWorker
 from trainer import records
-from trainer.config import RecordShape, model_config
+from trainer.config import RecordShape
 from trainer.rollout_request import HEARTBEAT_ATTRIBUTE, RequestError, RolloutRequest
-from trainer.sampling import Sampler
-from trainer.store import PolicyStore
 
 log = logging.getLogger(__name__)
 DEAD_LETTER = "dead_letter"
@@ -52,54 +53,69 @@ class ParseRequestFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(msg.data, str(e)))
 
 
-class RunEpisodesFn(beam.DoFn):
-    """RolloutRequest -> G Trajectories with group-relative advantages.
+class EpisodeGroupFn(beam.DoFn):
+    """(shard, RolloutRequest) -> [the request's group of G trajectories], asynchronously.
 
-    The sampler and the policy live for the DoFn instance (set up once per worker);
-    the policy is re-polled before every group, so new versions apply between groups."""
+    `process` is a coroutine: Beam's AsyncWrapper runs many of them at once on one event
+    loop, all sharing the process's inference engine, so one request waiting on tools
+    never holds up the others. A request that cannot run is dead-lettered."""
 
-    def __init__(self, opts):
-        self.opts = opts
+    def __init__(self, options):
+        self.options = options
+        self._shared = Shared()
+
+    def setup(self):
+        self.worker = self._shared.acquire(lambda: RolloutWorker(self.options))
+
+    async def process(self, kv):
+        req = kv[1]
+        try:
+            if req.group_size > self.worker.sampler.slots:
+                raise RequestError(f"group_size {req.group_size} > engine slots {self.worker.sampler.slots}")
+            task = environments.Task.from_json_dict(req.task)
+            envs = [environments.make(req.env, **req.env_config) for _ in range(req.group_size)]
+            return [await run_group(self.worker.engine, envs, task, req.request_id, self.worker.limits)]
+        except Exception as e:  # noqa: BLE001 - bad request or env failing in reset(): this request only
+            log.warning("request %s dead-lettered: %s: %s", req.request_id, type(e).__name__, e)
+            return [beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))]
+
+
+class CountEpisodesFn(beam.DoFn):
+    """Episode metrics, counted here because AsyncWrapper emits from a timer callback and
+    BundleBasedDirectRunner does not report metrics updated there."""
+
+    def __init__(self):
         self.episodes = {s.value: Metrics.counter(NS, f"episodes_{s.value}") for s in environments.EpisodeStatus}
         self.generated = Metrics.counter(NS, "generated_tokens")
         self.env_latency = Metrics.distribution(NS, "env_latency_ms")
-        self.reloads = Metrics.counter(NS, "policy_reloads")
-        self.failed = Metrics.counter(NS, "failed_requests")
 
-    def setup(self):
-        cfg = model_config(self.opts.model_config)
-        self.sampler = Sampler(cfg, slots=self.opts.group_size, length=self.opts.seq_len)
-        self.policy = PolicyHandle(PolicyStore(self.opts.policy_root), self.sampler.abstract_params,
-                                   self.opts.policy_poll_s)
-        self.policy.wait_for_first(self.opts.policy_wait_s)
-        self.limits = EpisodeLimits(max_new_tokens_per_turn=self.opts.max_new_tokens_per_turn,
-                                    max_tokens=self.opts.seq_len)
-
-    def process(self, req: RolloutRequest):
-        if self.policy.maybe_reload():
-            self.reloads.inc()
-        try:
-            if req.group_size > self.sampler.slots:
-                raise RequestError(f"group_size {req.group_size} > worker slots {self.sampler.slots}")
-            task = environments.Task.from_json_dict(req.task)
-            envs = [environments.make(req.env, **req.env_config) for _ in range(req.group_size)]
-        except (RequestError, KeyError, ValueError, TypeError) as e:
-            self.failed.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))
-            return
-        try:
-            group = asyncio.run(run_group(self.sampler, self.policy.params, self.policy.version, envs, task,
-                                          req.request_id, self.limits))
-        except Exception as e:  # noqa: BLE001 - e.g. an env failing in reset(): this request only
-            log.exception("request %s failed", req.request_id)
-            self.failed.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))
-            return
+    def process(self, group):
         for t in group:
             self.episodes[t.status].inc()
             self.generated.inc(int(t.loss_mask.sum()))
             self.env_latency.update(int(t.env_latency_s * 1000))
-            yield t
+        yield group
+
+
+class RunEpisodes(beam.PTransform):
+    """Rollout requests -> trajectory groups (main output) and dead letters."""
+
+    def __init__(self, options):
+        super().__init__()
+        self.options = options
+
+    def expand(self, requests):
+        eng = self.options.view_as(EngineOptions)
+        shards = eng.request_shards
+        run = AsyncWrapper(EpisodeGroupFn(self.options), max_items_to_buffer=eng.max_concurrent_groups,
+                           callback_frequency=eng.commit_interval_s, id_fn=lambda r: r.request_id,
+                           use_asyncio=True)
+        out = (requests
+               | "KeyByShard" >> beam.Map(lambda r: (zlib.crc32(r.request_id.encode()) % shards, r))
+               .with_output_types(tuple[int, Any])
+               | "RunGroupsAsync" >> beam.ParDo(run).with_outputs(DEAD_LETTER, main="groups"))
+        return {"groups": out.groups | "CountEpisodes" >> beam.ParDo(CountEpisodesFn()),
+                DEAD_LETTER: out[DEAD_LETTER]}
 
 
 class PackRecordsFn(beam.DoFn):

@@ -7,6 +7,7 @@ import pytest
 
 import environments
 from environments import Environment, EpisodeStatus, StepResult, Task
+from pipelines.engine import InferenceEngine
 from pipelines.episodes import EpisodeLimits, run_group
 from trainer import tokenizer
 from trainer.config import ModelConfig
@@ -39,12 +40,15 @@ class BrokenEnv(SlowEnv):
 @pytest.fixture(scope="module")
 def sampler_and_params():
     sampler = Sampler(CFG, slots=4, length=128)
-    return sampler, split_params(init_model(CFG, seed=0))[1]
+    params = split_params(init_model(CFG, seed=0))[1]
+    sampler.warmup(params)
+    return sampler, params
 
 
 def _run(sampler_and_params, envs, limits, rid="r"):
     sampler, params = sampler_and_params
-    return asyncio.run(run_group(sampler, params, 7, envs, TASK, rid, limits))
+    engine = InferenceEngine(sampler, lambda: (params, 7), max_tokens=limits.max_tokens)
+    return asyncio.run(run_group(engine, envs, TASK, rid, limits))
 
 
 def test_step_timeout_ends_episode_with_timeout_status(sampler_and_params):

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 import environments
+from pipelines.engine import InferenceEngine
 from pipelines.episodes import EpisodeLimits, run_group
 from pipelines.policy import PolicyHandle
 from trainer.config import ModelConfig
@@ -88,7 +89,8 @@ def test_policy_swap_changes_version_on_new_tokens(setup):
 
     def group(rid):
         envs = [environments.make("calculator", max_turns=2) for _ in range(2)]
-        return asyncio.run(run_group(sampler, handle.params, handle.version, envs, task, rid, limits))
+        engine = InferenceEngine(sampler, lambda: (handle.params, handle.version))
+        return asyncio.run(run_group(engine, envs, task, rid, limits))
 
     before = group("r0")
     store.publish(1, params_dict(1))

@@ -45,18 +45,21 @@ class Attention(nnx.Module):
         y = nnx.dot_product_attention(q, k, v, mask=mask)
         return self.out(y.reshape(b, t, -1))
 
-    def decode(self, x, positions, cache_k, cache_v, index):
-        """One token per row. x: [B, 1, d]; caches: [B, T, H, D]; index: [B] slot to write.
-        Keys beyond `index` are stale (an earlier episode in this slot) and masked out."""
-        b = x.shape[0]
-        q, k, v = jnp.split(self.qkv(x).reshape(b, 1, 3 * self.cfg.n_heads, self.head_dim), 3, axis=2)
-        q, k = rope(q, positions[:, None], self.cfg.rope_base), rope(k, positions[:, None], self.cfg.rope_base)
-        rows = jnp.arange(b)
-        cache_k = cache_k.at[rows, index].set(k[:, 0].astype(cache_k.dtype))
-        cache_v = cache_v.at[rows, index].set(v[:, 0].astype(cache_v.dtype))
-        visible = jnp.arange(cache_k.shape[1])[None, :] <= index[:, None]  # [B, T]
-        y = nnx.dot_product_attention(q, cache_k, cache_v, mask=visible[:, None, None, :])
-        return self.out(y.reshape(b, 1, -1)), cache_k, cache_v
+    def decode(self, x, start, cache_k, cache_v):
+        """A chunk of P tokens per row at positions start[b] + 0..P-1, written into the
+        KV cache (writes past its end are dropped). x: [B, P, d]; caches: [B, T, H, D].
+        A query sees cached keys up to its own position: keys beyond it are stale (an
+        earlier episode in this slot, or chunk padding) and masked out."""
+        b, p, _ = x.shape
+        positions = start[:, None] + jnp.arange(p)[None, :]  # [B, P]
+        q, k, v = jnp.split(self.qkv(x).reshape(b, p, 3 * self.cfg.n_heads, self.head_dim), 3, axis=2)
+        q, k = rope(q, positions, self.cfg.rope_base), rope(k, positions, self.cfg.rope_base)
+        rows = jnp.arange(b)[:, None]
+        cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
+        visible = jnp.arange(cache_k.shape[1])[None, None, :] <= positions[:, :, None]  # [B, P, T]
+        y = nnx.dot_product_attention(q, cache_k, cache_v, mask=visible[:, None])
+        return self.out(y.reshape(b, p, -1)), cache_k, cache_v
 
 
 class MLP(nnx.Module):
@@ -82,8 +85,8 @@ class Block(nnx.Module):
         x = x + self.attn(self.attn_norm(x), positions, mask)
         return x + self.mlp(self.mlp_norm(x))
 
-    def decode(self, x, positions, cache_k, cache_v, index):
-        h, cache_k, cache_v = self.attn.decode(self.attn_norm(x), positions, cache_k, cache_v, index)
+    def decode(self, x, start, cache_k, cache_v):
+        h, cache_k, cache_v = self.attn.decode(self.attn_norm(x), start, cache_k, cache_v)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), cache_k, cache_v
 
@@ -103,16 +106,16 @@ class Transformer(nnx.Module):
             x = block(x, positions, mask)
         return self.embed.attend(self.final_norm(x)).astype(jnp.float32)
 
-    def decode(self, tokens, positions, cache, index):
-        """KV-cached step, one token per row: tokens, positions, index: int [B];
-        cache: (k, v) each [n_layers, B, T, H, D]. Returns (logits [B, vocab], cache)."""
-        x = self.embed(tokens[:, None])
+    def decode(self, tokens, start, cache):
+        """KV-cached chunk step: tokens int [B, P] at positions start[b] + 0..P-1;
+        cache: (k, v) each [n_layers, B, T, H, D]. Returns (logits [B, P, vocab], cache)."""
+        x = self.embed(tokens)
         new_k, new_v = [], []
         for layer, block in enumerate(self.blocks):
-            x, k, v = block.decode(x, positions, cache[0][layer], cache[1][layer], index)
+            x, k, v = block.decode(x, start, cache[0][layer], cache[1][layer])
             new_k.append(k)
             new_v.append(v)
-        logits = self.embed.attend(self.final_norm(x))[:, 0].astype(jnp.float32)
+        logits = self.embed.attend(self.final_norm(x)).astype(jnp.float32)
         return logits, (jnp.stack(new_k), jnp.stack(new_v))
 
     def init_cache(self, batch: int, length: int, dtype=jnp.float32):

@@ -1,10 +1,11 @@
-"""Fixed-shape KV-cached sampling over B slots that records behaviour log-probs.
+"""Fixed-shape KV-cached sampling over S slots that records behaviour log-probs.
 
-The rollout side drives this one token per slot per call: a slot either feeds a known
-token (prompt or environment output, teacher-forced into the cache) or the token it
-just sampled. One compiled function serves every step, so nothing recompiles after the
-first call. Sampling is at temperature 1 so the recorded log-prob is exactly the
-learner's log-prob of the same token under the same parameters.
+One call feeds each slot a chunk of up to P known tokens (prompt, environment output,
+or the token it sampled last) into its KV cache and samples the token that follows the
+last valid one. Two chunk sizes are compiled: P = 1 for decoding and P = `prefill` for
+catching up on prompts and observations; nothing else ever recompiles. Sampling is at
+temperature 1 so the recorded log-prob is exactly the learner's log-prob of the same
+token under the same parameters.
 """
 from __future__ import annotations
 
@@ -20,32 +21,44 @@ from trainer.model import init_model, split_params
 
 
 class Sampler:
-    def __init__(self, cfg: ModelConfig, slots: int, length: int, seed: int = 0):
+    def __init__(self, cfg: ModelConfig, slots: int, length: int, prefill: int = 16, seed: int = 0):
         if length > cfg.max_seq_len:
             raise ValueError(f"sampler length {length} exceeds the model's max_seq_len {cfg.max_seq_len}")
-        self.cfg, self.slots, self.length = cfg, slots, length
+        if slots < 1 or prefill < 1:
+            raise ValueError(f"need slots >= 1 and prefill >= 1, got {slots}, {prefill}")
+        self.cfg, self.slots, self.length, self.prefill = cfg, slots, length, prefill
         model = init_model(cfg)
         self.graphdef, self.abstract_params = split_params(model)
         self.cache = model.init_cache(slots, length)
         self._key = jax.random.key(seed)
-        self._step = jax.jit(functools.partial(_decode_step, self.graphdef), donate_argnums=(1,))
+        self._step = jax.jit(functools.partial(_chunk_step, self.graphdef), donate_argnums=(1,))
 
-    def step(self, params, tokens: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Feed tokens[b] at cache index[b] (== its position). Returns, per slot, a token
-        sampled for index[b] + 1 and its log-prob. Idle slots may feed anything at an
-        index that will be overwritten later; their outputs are ignored by the caller."""
+    def step(self, params, tokens: np.ndarray, start: np.ndarray, n_valid: np.ndarray | None = None):
+        """tokens [S, P] (P is 1 or `prefill`), written at positions start[s] + 0..P-1;
+        only the first n_valid[s] are real (default: all). Returns per slot a token
+        sampled to follow its last valid token, and that token's log-prob. Slots with
+        n_valid 0 write junk beyond their content, which later writes overwrite."""
+        tokens = np.asarray(tokens, np.int32)
+        if tokens.ndim == 1:
+            tokens = tokens[:, None]
+        n_valid = np.full(self.slots, tokens.shape[1], np.int32) if n_valid is None else np.asarray(n_valid, np.int32)
         self._key, key = jax.random.split(self._key)
-        index = np.minimum(index, self.length - 1).astype(np.int32)
-        nxt, logp, self.cache = self._step(params, self.cache, tokens.astype(np.int32), index, key)
+        nxt, logp, self.cache = self._step(params, self.cache, tokens, np.asarray(start, np.int32), n_valid, key)
         return np.asarray(nxt), np.asarray(logp)
+
+    def warmup(self, params) -> None:
+        """Compiles both chunk widths up front, so no episode pays for compilation."""
+        for width in sorted({1, self.prefill}):
+            self.step(params, np.zeros((self.slots, width), np.int32), np.zeros(self.slots), np.zeros(self.slots))
 
     def compiled_variants(self) -> int:
         return self._step._cache_size()
 
 
-def _decode_step(graphdef, params, cache, tokens, index, key):
-    model = nnx.merge(graphdef, params)
-    logits, cache = model.decode(tokens, index, cache, index)
+def _chunk_step(graphdef, params, cache, tokens, start, n_valid, key):
+    logits, cache = nnx.merge(graphdef, params).decode(tokens, start, cache)
+    last = jnp.clip(n_valid - 1, 0, tokens.shape[1] - 1)
+    logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # [S, vocab]
     nxt = jax.random.categorical(key, logits, axis=-1)
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
     return nxt.astype(jnp.int32), logp, cache

@@ -1,0 +1,211 @@
+"""Guess-the-number with higher/lower feedback: a multi-turn game where every turn counts.
+
+    prompt:  Guess my number in 1..100.
+    model:   <call guess>50</call>
+    env:     <result>lower</result>        (the secret is lower than 50)
+    model:   <call guess>25</call>
+    env:     <result>correct</result>      -> reward 1.0, done
+
+`<answer>N</answer>` is a final guess: reward 1.0 if right, else 0.0; either way the episode
+ends. Binary search wins any range of width w in floor(log2(w)) + 1 guesses (7 for 1..100),
+so the default 8 turns leave one turn of slack, while random guessing mostly loses.
+
+Each task carries its own range, a window of `GuessConfig`'s [low, high] (1..100 by
+default). That is what makes disjoint train/test splits possible: 100 secrets alone would
+give only ~20 test tasks, (range, secret) triples give ~160k.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import random
+import re
+
+from environments.base import Environment, EpisodeStatus, StepResult, Task
+from environments.latency import LatencyModel
+from environments.tool_calls import (FinalAnswer, Malformed, ToolCall, format_error,
+                                     format_result, parse_action)
+
+TOOL_NAME = "guess"
+DEFAULT_LOW, DEFAULT_HIGH = 1, 100
+_INT_RE = re.compile(r"[+-]?[0-9]{1,32}\Z")  # ASCII only: int() would take "８" or "1_0".
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class GuessConfig:
+    low: int = DEFAULT_LOW    # Bounds every task's range (and is the range of a task
+    high: int = DEFAULT_HIGH  # that states none in its meta).
+    max_turns: int = 8
+    tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tool_latency, str):  # Accept a spec so flags can pass "fixed:0.2".
+            object.__setattr__(self, "tool_latency", LatencyModel.from_spec(self.tool_latency))
+        if not isinstance(self.tool_latency, LatencyModel):
+            raise ValueError(f"tool_latency must be a LatencyModel or spec string, "
+                             f"got {type(self.tool_latency).__name__}")
+        for name in ("low", "high", "max_turns"):
+            if not _is_int(getattr(self, name)):
+                raise ValueError(f"GuessConfig.{name} must be an int, got {getattr(self, name)!r}")
+        if self.low > self.high:
+            raise ValueError(f"GuessConfig needs low <= high, got {self.low} > {self.high}")
+        if self.max_turns < 1:
+            raise ValueError(f"GuessConfig.max_turns must be >= 1, got {self.max_turns}")
+
+
+def parse_int(text: str) -> int | None:
+    s = text.strip()
+    return int(s) if _INT_RE.match(s) else None
+
+
+def task_range(task: Task, low: int = DEFAULT_LOW, high: int = DEFAULT_HIGH) -> tuple[int, int]:
+    """The task's (low, high) from its meta, or the given defaults for a bare task."""
+    lo, hi = task.meta.get("low", low), task.meta.get("high", high)
+    if not (_is_int(lo) and _is_int(hi)) or lo > hi:
+        raise ValueError(f"task {task.task_id!r}: bad range {lo!r}..{hi!r}")
+    return lo, hi
+
+
+def guesses_needed(width: int) -> int:
+    """Worst-case guesses of binary search over `width` numbers."""
+    return width.bit_length()
+
+
+class GuessEnv(Environment):
+    name = "guess"
+
+    def __init__(self, config: GuessConfig | None = None) -> None:
+        self.config = config or GuessConfig()
+        self._task: Task | None = None
+        self._done = True
+
+    async def reset(self, task: Task) -> str:
+        # A task this env cannot play is a programming/config error, not model output.
+        low, high = task_range(task, self.config.low, self.config.high)
+        if low < self.config.low or high > self.config.high:
+            raise ValueError(f"task {task.task_id!r}: range {low}..{high} is outside the "
+                             f"configured {self.config.low}..{self.config.high}")
+        secret = parse_int(task.target)
+        if secret is None or not low <= secret <= high:
+            raise ValueError(f"task {task.task_id!r}: target {task.target!r} is not an "
+                             f"integer in {low}..{high}")
+        self._task, self._low, self._high, self._secret = task, low, high, secret
+        self._done = False
+        self._turns = 0
+        # Per-task latency stream: deterministic, yet concurrent episodes differ.
+        self._latency = self.config.tool_latency.sampler(stream=task.task_id)
+        self._info = {"turns": 0, "tool_calls": 0, "malformed_calls": 0,
+                      "unknown_tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0}
+        return task.prompt
+
+    async def step(self, action_text: str) -> StepResult:
+        if self._task is None or self._done:
+            raise RuntimeError("step() called before reset() or after the episode ended")
+        self._turns += 1
+        self._info["turns"] = self._turns
+        action = parse_action(action_text)
+        reward, done, obs = 0.0, False, ""
+        if isinstance(action, FinalAnswer):
+            reward = float(parse_int(action.text) == self._secret)
+            done = True
+        elif isinstance(action, ToolCall) and action.name == TOOL_NAME:
+            obs, won = await self._call_guess(action.args)
+            reward, done = float(won), won
+        elif isinstance(action, ToolCall):
+            self._info["unknown_tool_calls"] += 1
+            obs = format_error(f"unknown tool {action.name}; tools: {TOOL_NAME}")
+        else:
+            assert isinstance(action, Malformed)
+            self._info["malformed_calls"] += 1
+            obs = format_error(action.reason)
+        if done:
+            self._info["status"] = EpisodeStatus.FINISHED
+        elif self._turns >= self.config.max_turns:
+            done = True
+            self._info["status"] = EpisodeStatus.TRUNCATED
+        self._done = done
+        return StepResult(observation=obs, reward=reward, done=done, info=dict(self._info))
+
+    async def _call_guess(self, args: str) -> tuple[str, bool]:
+        self._info["tool_calls"] += 1
+        delay = self._latency.sample()
+        if delay > 0:
+            await asyncio.sleep(delay)  # Simulated tool wait: yields the loop to other episodes.
+        self._info["tool_latency_s"] += delay
+        guess = parse_int(args)
+        if guess is None or not self._low <= guess <= self._high:
+            self._info["tool_errors"] += 1
+            what = "an integer" if guess is None else "in range"
+            return format_error(f"guess must be {what} {self._low}..{self._high}"), False
+        if guess == self._secret:
+            return format_result("correct"), True
+        return format_result("higher" if guess < self._secret else "lower"), False
+
+
+# --- Task generation -------------------------------------------------------------------
+
+SPLITS = ("train", "test")
+MIN_WIDTH = 16  # Narrower ranges would be won by luck too often to teach search.
+_TEST_PERCENT = 20
+
+
+def _split_of(key: str) -> str:
+    # Split by a stable hash of (range, secret): train and test are disjoint for ANY seeds.
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return "test" if h % 100 < _TEST_PERCENT else "train"
+
+
+def generate_tasks(seed: int, n: int, split: str = "train", *, low: int = DEFAULT_LOW,
+                   high: int = DEFAULT_HIGH) -> list[Task]:
+    """`n` distinct tasks (a window of [low, high] and a secret in it), deterministic per
+    (seed, split, low, high). Windows are at least MIN_WIDTH wide (or all of [low, high])."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not _is_int(n) or n < 0:
+        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    if not (_is_int(low) and _is_int(high)) or low > high:
+        raise ValueError(f"need int low <= high, got {low!r}..{high!r}")
+    full = high - low + 1
+    min_width = min(MIN_WIDTH, full)
+    rng = random.Random(f"guess:{seed}:{split}:{low}:{high}")
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(tasks) < n:
+        attempts += 1
+        if attempts > 50 * n + 1000:
+            raise ValueError(f"cannot draw {n} distinct {split} tasks in {low}..{high}")
+        width = rng.randint(min_width, full)
+        lo = rng.randint(low, high - width + 1)
+        hi = lo + width - 1
+        secret = rng.randint(lo, hi)
+        key = f"{lo}..{hi}:{secret}"
+        if key in seen or _split_of(key) != split:
+            continue
+        seen.add(key)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+        tasks.append(Task(task_id=f"guess-{split}-{digest}",
+                          prompt=f"Guess my number in {lo}..{hi}. ", target=str(secret),
+                          meta={"low": lo, "high": hi, "secret": secret}))
+    return tasks
+
+
+def oracle_action(task: Task, observations: list[str]) -> str:
+    """The scripted expert: binary search, replaying its own earlier guesses from the
+    higher/lower replies so far (the prompt excluded). Anything else carries no
+    information, so the same guess is repeated."""
+    lo, hi = task_range(task)
+    for obs in observations:
+        mid = (lo + hi) // 2
+        if obs == format_result("higher"):
+            lo = mid + 1
+        elif obs == format_result("lower"):
+            hi = mid - 1
+    if lo > hi:  # Replies not produced by this oracle's guesses: fall back to the answer.
+        return f"<answer>{task.target}</answer>"
+    return f"<call {TOOL_NAME}>{(lo + hi) // 2}</call>"

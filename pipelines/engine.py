@@ -1,0 +1,166 @@
+"""The inference engine: continuous batching of many concurrent episodes on S slots.
+
+Episodes are coroutines. Each turn, an episode calls `await engine.generate(seq, ...)`;
+the engine gives it a KV-cache slot, catches the slot up on tokens the cache has not
+seen (prompt, environment output) in chunks, then decodes one token per step until the
+turn ends, and frees the slot. While an episode waits on its tool, its slot decodes for
+others. A freed slot remembers whose tokens it caches, so an episode that comes back to
+an untouched slot only feeds what is new; one that lost its slot re-feeds its history.
+
+All slots advance together in one fixed-shape call per step, so nothing recompiles. The
+policy can be swapped between steps (`policy_source`); each token records the version
+that sampled it.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+from typing import Callable
+
+import numpy as np
+
+from trainer.sampling import Sampler
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    """One episode's tokens, as the policy sees them."""
+
+    tokens: list
+    loss_mask: list
+    logprobs: list
+    versions: list
+    slot: int | None = None  # the slot that last cached this sequence
+    cached: int = 0  # how many of `tokens` that slot holds (valid only while it still owns it)
+    done: bool = False
+
+    @classmethod
+    def start(cls, tokens: list[int]) -> "Sequence":
+        return cls(list(tokens), [0] * len(tokens), [0.0] * len(tokens), [-1] * len(tokens))
+
+    def extend_env(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+        self.loss_mask.extend([0] * len(tokens))
+        self.logprobs.extend([0.0] * len(tokens))
+        self.versions.extend([-1] * len(tokens))
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    seq: Sequence
+    max_new: int
+    stop: Callable[[list[int]], bool]  # called on the turn's generated tokens
+    future: asyncio.Future
+    new: int = 0
+
+
+class InferenceEngine:
+    def __init__(self, sampler: Sampler, policy_source: Callable[[], tuple[object, int]],
+                 max_tokens: int | None = None):
+        self.sampler = sampler
+        self.policy_source = policy_source  # () -> (params, version); cheap, called every step
+        self.max_tokens = min(max_tokens or sampler.length, sampler.length)
+        self._owner: list[Sequence | None] = [None] * sampler.slots
+        self._free: list[int] = list(range(sampler.slots))
+        self._active: dict[int, _Job] = {}
+        self._queue: list[_Job] = []
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._clock = itertools.count()
+        self.stats = {"steps": 0, "prefill_steps": 0, "generated_tokens": 0, "fed_tokens": 0,
+                      "refeeds": 0, "busy_s": 0.0, "slot_steps": 0}
+
+    async def generate(self, seq: Sequence, max_new: int, stop: Callable[[list[int]], bool]) -> int:
+        """Appends up to max_new sampled tokens to seq (fewer if stop() says so or the
+        sequence reaches max_tokens); returns how many were appended."""
+        if len(seq.tokens) >= self.max_tokens:
+            return 0
+        loop = asyncio.get_running_loop()
+        if self._loop_task is None or self._loop_task.done():
+            self._wake = asyncio.Event()
+            self._loop_task = loop.create_task(self._run())
+        job = _Job(seq, max_new, stop, loop.create_future())
+        self._queue.append(job)
+        self._wake.set()
+        return await job.future
+
+    def _admit(self) -> None:
+        while self._queue and self._free:
+            job = self._queue.pop(0)
+            seq = job.seq
+            if seq.slot in self._free and self._owner[seq.slot] is seq:
+                slot = seq.slot  # its cache is intact: feed only what is new
+            else:
+                # Prefer slots that cache nothing worth keeping (finished or no owner).
+                slot = min(self._free, key=lambda s: (self._owner[s] is not None and not self._owner[s].done))
+                if seq.cached:
+                    self.stats["refeeds"] += 1
+                seq.slot, seq.cached = slot, 0
+                self._owner[slot] = seq
+            self._free.remove(slot)
+            seq.cached = min(seq.cached, len(seq.tokens) - 1)  # re-feed the last token for its logits
+            self._active[slot] = job
+
+    async def _run(self) -> None:
+        while True:
+            self._admit()
+            if not self._active:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 - fail the waiting episodes, not the loop
+                for slot, job in list(self._active.items()):
+                    self._finish(slot, job, error=e)
+            await asyncio.sleep(0)  # let environments and new episodes run
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        params, version = self.policy_source()
+        pending = {s: len(j.seq.tokens) - j.seq.cached for s, j in self._active.items()}
+        width = self.sampler.prefill if max(pending.values()) > 1 else 1
+        n = self.sampler.slots
+        tokens, start, n_valid = np.zeros((n, width), np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
+        for s in range(n):
+            owner = self._owner[s]
+            start[s] = min(owner.cached, self.sampler.length - 1) if owner is not None else 0
+        for s, job in self._active.items():
+            k = min(pending[s], width)
+            tokens[s, :k] = job.seq.tokens[job.seq.cached:job.seq.cached + k]
+            n_valid[s] = k
+        nxt, logp = self.sampler.step(params, tokens, start, n_valid)
+        self.stats["steps"] += 1
+        self.stats["prefill_steps"] += width > 1
+        self.stats["fed_tokens"] += int(n_valid.sum())
+        self.stats["slot_steps"] += n
+        for s, job in list(self._active.items()):
+            seq = job.seq
+            seq.cached += int(n_valid[s])
+            if seq.cached < len(seq.tokens):
+                continue  # still catching up
+            seq.tokens.append(int(nxt[s]))
+            seq.loss_mask.append(1)
+            seq.logprobs.append(float(logp[s]))
+            seq.versions.append(version)
+            job.new += 1
+            self.stats["generated_tokens"] += 1
+            if (job.new >= job.max_new or len(seq.tokens) >= self.max_tokens
+                    or job.stop(seq.tokens[len(seq.tokens) - job.new:])):
+                self._finish(s, job)
+        self.stats["busy_s"] += time.perf_counter() - t0
+
+    def _finish(self, slot: int, job: _Job, error: Exception | None = None) -> None:
+        del self._active[slot]
+        self._free.append(slot)
+        if not job.future.done():
+            if error is None:
+                job.future.set_result(job.new)
+            else:
+                job.future.set_exception(error)
+
+    def release(self, seq: Sequence) -> None:
+        """The episode is over: its slot's cache is no longer worth keeping."""
+        seq.done = True

@@ -1,0 +1,34 @@
+"""One rollout worker per process: the sampler, the policy poller and the engine.
+
+Held through `apache_beam.utils.shared.Shared`, so every DoFn instance and harness
+thread of a process shares one KV cache, one copy of the parameters and one engine.
+"""
+from __future__ import annotations
+
+import logging
+
+from pipelines.engine import InferenceEngine
+from pipelines.episodes import EpisodeLimits
+from pipelines.options import EngineOptions, RolloutOptions
+from pipelines.policy import PolicyHandle
+from trainer.config import model_config
+from trainer.sampling import Sampler
+from trainer.store import PolicyStore
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    def __init__(self, options):
+        opts, engine_opts = options.view_as(RolloutOptions), options.view_as(EngineOptions)
+        cfg = model_config(opts.model_config)
+        self.limits = EpisodeLimits(max_new_tokens_per_turn=opts.max_new_tokens_per_turn,
+                                    max_tokens=opts.seq_len)
+        self.sampler = Sampler(cfg, slots=engine_opts.engine_slots, length=opts.seq_len)
+        self.policy = PolicyHandle(PolicyStore(opts.policy_root), self.sampler.abstract_params,
+                                   opts.policy_poll_s)
+        self.policy.wait_for_first(opts.policy_wait_s)
+        self.sampler.warmup(self.policy.params)  # compile before the first episode
+        self.policy.start_polling()
+        self.engine = InferenceEngine(self.sampler, lambda: self.policy.current, self.limits.max_tokens)
+        log.info("rollout worker ready: %d slots, policy version %d", engine_opts.engine_slots, self.policy.version)
