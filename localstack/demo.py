@@ -31,6 +31,7 @@ def parse_args(argv):
     p.add_argument("--publish_every", type=int, default=5)
     p.add_argument("--batch_records", type=int, default=2)
     p.add_argument("--group_size", type=int, default=4)
+    p.add_argument("--env", default="calculator", help="calculator, guess or code (any registered name)")
     p.add_argument("--tool_latency", default="fixed:0.05", help="per tool call: none, fixed:S, uniform:A:B, lognormal:M:S")
     p.add_argument("--policy_poll_s", type=float, default=0.5)
     p.add_argument("--max_wait_s", type=float, default=1.0)
@@ -61,7 +62,8 @@ def run_local(args) -> dict:
                        f"--publish_every={args.publish_every}", f"--batch_records={args.batch_records}",
                        f"--timeout_s={args.timeout_s}", f"--summary_path={summary_path}",
                        f"--warmstart_steps={args.warmstart_steps}",
-                       "--env=calculator", f"--env_config={json.dumps({'tool_latency': args.tool_latency})}", *shape]
+                       f"--env={args.env}", f"--env_config={json.dumps({'tool_latency': args.tool_latency})}",
+                       f"--data_dir={workdir / 'datasets'}", *shape]
         with ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env) as pipeline, \
                 ProcessGroup(learner_cmd, workdir / "learner.log", env) as learner:
             deadline = time.monotonic() + args.timeout_s + 60

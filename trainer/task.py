@@ -43,11 +43,24 @@ def parse_args(argv):
     p.add_argument("--env", default="calculator")
     p.add_argument("--env_config", type=json.loads, default={}, help='JSON, e.g. {"tool_latency": "fixed:0.1"}')
     p.add_argument("--task_seed", type=int, default=0)
+    p.add_argument("--data_dir", default=None,
+                   help="read prompts from the environment's TFDS dataset here (built locally if missing)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmstart_steps", type=int, default=0,
                    help="behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)")
     p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
     return p.parse_args(argv)
+
+
+def load_prompts(args):
+    """Training prompts: the environment's TFDS dataset when --data_dir is given (built
+    there from the local generator on first use; nothing is downloaded), else generated."""
+    if not args.data_dir:
+        return environments.make_tasks(args.env, args.task_seed, 1000, "train")
+    from environments import datasets
+
+    datasets.build(args.env, args.data_dir, seed=args.task_seed)
+    return list(datasets.load_tasks(args.env, "train", args.data_dir))
 
 
 def run(args) -> dict:
@@ -57,7 +70,7 @@ def run(args) -> dict:
     credits_cfg = CreditConfig(args.max_batches_ahead, args.batch_records, shape, args.group_size)
     mcfg = model_config(args.model_config)
     store, learner = PolicyStore(args.policy_root), Learner(mcfg, cfg)
-    tasks = environments.make_tasks(args.env, args.task_seed, 1000, "train")
+    tasks = load_prompts(args)
     if args.warmstart_steps:
         learner.params, losses = warm_start(learner.graphdef, learner.params, args.env, tasks,
                                             args.warmstart_steps, seed=args.seed)
