@@ -104,5 +104,14 @@ def _register_builtins() -> None:
 
     register("guess", make_guess, tasks=guess_tasks, oracle=guess_oracle)
 
+    from environments.code import CodeConfig, CodeEnv
+    from environments.code import generate_tasks as code_tasks
+    from environments.code import oracle_action as code_oracle
+
+    def make_code(**kwargs) -> CodeEnv:
+        return CodeEnv(CodeConfig(**kwargs))
+
+    register("code", make_code, tasks=code_tasks, oracle=code_oracle)
+
 
 _register_builtins()

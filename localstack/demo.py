@@ -85,7 +85,7 @@ def print_summary(s: dict) -> None:
     print("\n=== agentic RL demo: summary ===")
     print(f"learner steps            {s['steps']}")
     print(f"policy versions          {s['policy_versions_published']}")
-    print(f"records consumed         {s['records_consumed']}  (shape {s['declared_record_shape']}; "
+    print(f"records consumed         {s['records_consumed']}  (shapes {s['declared_record_shapes']}; "
           f"rejected {s['records_rejected']}, duplicates {s['records_duplicate']})")
     print(f"tokens consumed          {s['tokens_consumed']}  ({s['loss_tokens_consumed']} policy tokens)")
     print(f"trajectories             {s['trajectories']}  {s['episode_status']}")

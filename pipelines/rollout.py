@@ -13,9 +13,9 @@ import threading
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines.options import RolloutOptions
-from pipelines.transforms import DEAD_LETTER, PackTrajectories, ParseRequestFn, RunEpisodes, to_pubsub_message
-from trainer.config import RecordShape
+from pipelines.options import RolloutOptions, packing_config
+from pipelines.pack_transform import PackTrajectoryGroups
+from pipelines.transforms import DEAD_LETTER, ParseRequestFn, RunEpisodes, to_pubsub_message
 from trainer.rollout_request import HEARTBEAT_ATTRIBUTE
 
 DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -23,14 +23,12 @@ DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRun
 
 def build(p: beam.Pipeline, options: PipelineOptions) -> None:
     opts = options.view_as(RolloutOptions)
-    shape = RecordShape(opts.rows, opts.seq_len, opts.max_segments_per_row)
     parsed = (p
               | "ReadRequests" >> beam.io.ReadFromPubSub(subscription=opts.requests_subscription, with_attributes=True)
               | "ParseRequests" >> beam.ParDo(ParseRequestFn()).with_outputs(DEAD_LETTER, main="requests"))
     episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(options)
     (episodes["groups"]
-     | "Flatten" >> beam.FlatMap(lambda group: group)
-     | "Pack" >> PackTrajectories(shape, opts.max_wait_s, opts.dedup_window_s)
+     | "Pack" >> PackTrajectoryGroups(packing_config(opts))
      | "ToMessages" >> beam.Map(to_pubsub_message)
      | "WriteRecords" >> beam.io.WriteToPubSub(opts.records_topic, with_attributes=True))
     dead = (parsed[DEAD_LETTER], episodes[DEAD_LETTER]) | "AllDeadLetters" >> beam.Flatten()

@@ -9,7 +9,7 @@ import logging
 
 from pipelines.engine import InferenceEngine
 from pipelines.episodes import EpisodeLimits
-from pipelines.options import EngineOptions, RolloutOptions
+from pipelines.options import EngineOptions, RolloutOptions, packing_config
 from pipelines.policy import PolicyHandle
 from trainer.config import model_config
 from trainer.sampling import Sampler
@@ -22,9 +22,9 @@ class RolloutWorker:
     def __init__(self, options):
         opts, engine_opts = options.view_as(RolloutOptions), options.view_as(EngineOptions)
         cfg = model_config(opts.model_config)
-        self.limits = EpisodeLimits(max_new_tokens_per_turn=opts.max_new_tokens_per_turn,
-                                    max_tokens=opts.seq_len)
-        self.sampler = Sampler(cfg, slots=engine_opts.engine_slots, length=opts.seq_len)
+        longest = packing_config(opts).max_seq_len  # an episode must fit the largest bucket
+        self.limits = EpisodeLimits(max_new_tokens_per_turn=opts.max_new_tokens_per_turn, max_tokens=longest)
+        self.sampler = Sampler(cfg, slots=engine_opts.engine_slots, length=longest)
         self.policy = PolicyHandle(PolicyStore(opts.policy_root), self.sampler.abstract_params,
                                    opts.policy_poll_s)
         self.policy.wait_for_first(opts.policy_wait_s)

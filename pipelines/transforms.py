@@ -2,28 +2,20 @@
 from __future__ import annotations
 
 import logging
-import time
 import zlib
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.coders import BooleanCoder, PickleCoder
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.async_dofn import AsyncWrapper
-from apache_beam.transforms.deduplicate import DeduplicatePerKey
-from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec, TimerSpec,
-                                              on_timer)
 from apache_beam.utils.shared import Shared
-from apache_beam.utils.timestamp import Duration, Timestamp
 
 import environments
 from pipelines.episodes import run_group
 from pipelines.options import EngineOptions
-from pipelines.packing import pack, take_full_records
 from pipelines.rollout_worker import RolloutWorker
 from trainer import records
-from trainer.config import RecordShape
 from trainer.rollout_request import HEARTBEAT_ATTRIBUTE, RequestError, RolloutRequest
 
 log = logging.getLogger(__name__)
@@ -118,62 +110,5 @@ class RunEpisodes(beam.PTransform):
                 DEAD_LETTER: out[DEAD_LETTER]}
 
 
-class PackRecordsFn(beam.DoFn):
-    """Stateful per-bucket packer: emits a record when full, and flushes what is left
-    `max_wait_s` after the first trajectory entered an empty buffer."""
-
-    BUFFER = BagStateSpec("buffer", PickleCoder())
-    ARMED = ReadModifyWriteStateSpec("armed", BooleanCoder())
-    FLUSH = TimerSpec("flush", beam.TimeDomain.REAL_TIME)
-
-    def __init__(self, shape: RecordShape, max_wait_s: float, clock=time.time):
-        self.shape, self.max_wait_s, self.clock = shape, max_wait_s, clock
-        self.records = Metrics.counter(NS, "records")
-        self.fill = Metrics.distribution(NS, "record_fill_permille")
-
-    def process(self, kv, buffer=beam.DoFn.StateParam(BUFFER), armed=beam.DoFn.StateParam(ARMED),
-                flush=beam.DoFn.TimerParam(FLUSH)):
-        buffer.add(kv[1])
-        ready, rest = take_full_records(list(buffer.read()), self.shape)
-        if ready:
-            buffer.clear()
-            for t in rest:
-                buffer.add(t)
-        if rest and not armed.read():
-            flush.set(Timestamp.of(self.clock()) + Duration.of(self.max_wait_s))
-            armed.write(True)
-        yield from self._emit(ready)
-
-    @on_timer(FLUSH)
-    def on_flush(self, buffer=beam.DoFn.StateParam(BUFFER), armed=beam.DoFn.StateParam(ARMED)):
-        items = list(buffer.read())
-        buffer.clear()
-        armed.clear()
-        yield from self._emit(pack(items, self.shape) if items else [])
-
-    def _emit(self, recs):
-        cells = self.shape.rows * self.shape.seq_len
-        for r in recs:
-            self.records.inc()
-            self.fill.update(r.num_tokens * 1000 // cells)
-            yield r
-
-
 def to_pubsub_message(rec: records.PackedRecord) -> PubsubMessage:
     return PubsubMessage(data=records.encode(rec), attributes=records.attributes(rec))
-
-
-class PackTrajectories(beam.PTransform):
-    """Trajectories -> dedup by id -> key by length bucket -> fixed-shape records."""
-
-    def __init__(self, shape: RecordShape, max_wait_s: float, dedup_window_s: float, clock=time.time):
-        super().__init__()
-        self.shape, self.max_wait_s, self.dedup_window_s, self.clock = shape, max_wait_s, dedup_window_s, clock
-
-    def expand(self, trajectories):
-        return (trajectories
-                | "KeyById" >> beam.Map(lambda t: (t.trajectory_id, t)).with_output_types(tuple[str, Any])
-                | "DedupTrajectories" >> DeduplicatePerKey(processing_time_duration=Duration.of(self.dedup_window_s))
-                # One length bucket for now: every trajectory fits the single [rows, seq_len] shape.
-                | "KeyByBucket" >> beam.Map(lambda kv: (0, kv[1])).with_output_types(tuple[int, Any])
-                | "PackRecords" >> beam.ParDo(PackRecordsFn(self.shape, self.max_wait_s, self.clock)))

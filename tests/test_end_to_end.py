@@ -31,7 +31,8 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     assert PolicyStore(str(workdir / "policy-store")).latest_version() == s["policy_versions_published"][-1]
     by_version = {int(v): n for v, n in s["records_by_max_policy_version"].items()}
     assert any(v >= 1 and n > 0 for v, n in by_version.items()), f"no record from a reloaded policy: {by_version}"
-    assert s["record_shapes"] == {s["declared_record_shape"]: s["records_consumed"]}
+    assert s["declared_record_shapes"] == ["4x256"]
+    assert s["record_shapes"] == {"4x256": s["records_consumed"]}
     assert s["records_consumed"] >= 10 * 2 and s["records_rejected"] == 0
     assert s["tokens_consumed"] > 0 and s["trajectories"] > 0
     assert s["compiled_train_steps"] == 1  # fixed shapes: one compile for every step

@@ -14,9 +14,9 @@ class RecordConsumer:
     A rejected message is published to the dead-letter topic (when configured) with the
     reason, then acked: it never reaches the learner and never blocks the subscription."""
 
-    def __init__(self, subscription: str, expected_shape: tuple[int, int], dead_letter_topic: str | None = None):
+    def __init__(self, subscription: str, shapes: set[tuple[int, int]], dead_letter_topic: str | None = None):
         self.subscription = subscription
-        self.expected_shape = expected_shape
+        self.shapes = set(shapes)  # one per length bucket
         self.dead_letter_topic = dead_letter_topic
         self.subscriber = pubsub_io.subscriber_client()
         self.publisher = pubsub_io.publisher_client() if dead_letter_topic else None
@@ -28,7 +28,9 @@ class RecordConsumer:
         out = []
         for rm in received:
             try:
-                rec = decode(rm.message.data, self.expected_shape)
+                rec = decode(rm.message.data)
+                if rec.shape not in self.shapes:
+                    raise RecordError(f"record shape {rec.shape} is not a declared bucket shape {sorted(self.shapes)}")
             except RecordError as e:
                 self._reject(rm.message, str(e))
                 continue

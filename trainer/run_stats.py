@@ -41,7 +41,7 @@ class RunStats:
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
 
-    def summary(self, learner, consumer, feeder, shape) -> dict:
+    def summary(self, learner, consumer, feeder, shapes) -> dict:
         wall = time.monotonic() - self.started
         return {
             "steps": learner.steps,
@@ -54,7 +54,7 @@ class RunStats:
             "trajectories": len(self.rewards),
             "mean_reward": round(self.mean_reward(), 4),
             "episode_status": dict(self.statuses),
-            "declared_record_shape": f"{shape.rows}x{shape.seq_len}",
+            "declared_record_shapes": [f"{s.rows}x{s.seq_len}" for s in shapes],
             "record_shapes": dict(self.record_shapes),
             "records_by_max_policy_version": {str(k): v for k, v in sorted(self.record_versions.items())},
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},

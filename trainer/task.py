@@ -35,6 +35,7 @@ def parse_args(argv):
     p.add_argument("--batch_records", type=int, default=2)
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--seq_len", type=int, default=256)
+    p.add_argument("--buckets", default=None, help="record lengths, e.g. 128,256 (default: --seq_len)")
     p.add_argument("--max_segments_per_row", type=int, default=2)
     p.add_argument("--group_size", type=int, default=4)
     p.add_argument("--publish_every", type=int, default=5)
@@ -63,8 +64,20 @@ def load_prompts(args):
     return list(datasets.load_tasks(args.env, "train", args.data_dir))
 
 
+def take_batch(buffers: dict, batch_records: int) -> list | None:
+    """batch_records records of one shape (one compiled step per bucket), oldest first."""
+    for buffer in buffers.values():
+        if len(buffer) >= batch_records:
+            batch = buffer[:batch_records]
+            del buffer[:batch_records]
+            return batch
+    return None
+
+
 def run(args) -> dict:
-    shape = RecordShape(args.rows, args.seq_len, args.max_segments_per_row)
+    buckets = sorted({int(b) for b in args.buckets.split(",")}) if args.buckets else [args.seq_len]
+    shapes = [RecordShape(args.rows, b, args.max_segments_per_row) for b in buckets]
+    shape = shapes[-1]  # same rows and segments per row in every bucket: one credit rule
     cfg = LearnerConfig(batch_records=args.batch_records, learning_rate=args.learning_rate,
                         publish_every=args.publish_every, seed=args.seed)
     credits_cfg = CreditConfig(args.max_batches_ahead, args.batch_records, shape, args.group_size)
@@ -79,8 +92,9 @@ def run(args) -> dict:
     store.publish(version, learner.params_dict(), {"model_config": mcfg.to_dict(), "step": 0})
     credits = TrajectoryCredits(credits_cfg.window)
     feeder = Feeder(args.requests_topic, tasks, credits, args.group_size, args.env, args.env_config)
-    consumer = RecordConsumer(args.records_subscription, (shape.rows, shape.seq_len), args.dead_letter_topic)
-    stats, buffer = RunStats(learner_version=version), []
+    consumer = RecordConsumer(args.records_subscription, {(s.rows, s.seq_len) for s in shapes},
+                              args.dead_letter_topic)
+    stats, buffers = RunStats(learner_version=version), {(s.rows, s.seq_len): [] for s in shapes}
     feeder.start()
     deadline = time.monotonic() + args.timeout_s
     try:
@@ -91,9 +105,8 @@ def run(args) -> dict:
             for rec in consumer.poll(max_messages=10, timeout_s=1.0):
                 credits.release(len(rec.trajectories))
                 stats.on_record(rec, version)
-                buffer.append(rec)
-            while len(buffer) >= cfg.batch_records and learner.steps < args.max_steps:
-                batch, buffer = buffer[:cfg.batch_records], buffer[cfg.batch_records:]
+                buffers[rec.shape].append(rec)  # a batch holds one shape: one compile per bucket
+            while learner.steps < args.max_steps and (batch := take_batch(buffers, cfg.batch_records)):
                 metrics = stats.on_step(lambda: learner.train_step(batch))
                 if learner.steps % cfg.publish_every == 0:
                     version += 1
@@ -104,7 +117,7 @@ def run(args) -> dict:
     finally:
         feeder.stop()
         consumer.close()
-    return stats.summary(learner, consumer, feeder, shape)
+    return stats.summary(learner, consumer, feeder, shapes)
 
 
 def main(argv=None) -> int:

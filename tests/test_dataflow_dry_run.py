@@ -1,0 +1,132 @@
+"""The rollout job, built for Dataflow offline: DataflowRunner with --dry_run=True.
+
+What the dry run does here (apache-beam 2.77, DataflowRunner.run_pipeline): it applies
+the Dataflow overrides, translates the graph to the portable pipeline proto, builds the
+setup_file's sdist locally (python -m build, else `setup.py sdist`) and records it as a
+staged artifact, adds the streaming experiments, builds the Job request object, and returns
+before creating an API client: nothing is uploaded to GCS, no credentials are read, no
+network is used. The Job's `environment` (sdkPipelineOptions, temp storage) is normally
+filled in while staging; we build that part with apiclient.Environment, also offline.
+"""
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2 as rapi
+from apache_beam.runners.dataflow.internal import apiclient
+
+from pipelines import rollout
+from pipelines.options import RolloutOptions, packing_config
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = "rl-project-123"  # Beam wants an id of the real form
+REQUESTS = f"projects/{PROJECT}/subscriptions/rollout-requests"
+RECORDS = f"projects/{PROJECT}/topics/packed-trajectories"
+ARGV = ["--runner=DataflowRunner", "--dry_run=True", f"--project={PROJECT}", "--region=us-central1",
+        "--temp_location=gs://rl-bucket/tmp", "--streaming", f"--setup_file={REPO / 'setup.py'}",
+        f"--requests_subscription={REQUESTS}", f"--records_topic={RECORDS}", "--policy_root=gs://rl-bucket/store",
+        "--buckets=128,256", "--window_s=30"]
+
+
+@pytest.fixture(scope="module")
+def job():
+    options = PipelineOptions(ARGV)
+    p = beam.Pipeline(options=options)
+    rollout.build(p, options)  # build(p, options) is the graph function, as run() calls it
+    result = p.run()  # returns at once: a dry run submits nothing
+    yield result.job
+    remove_local_staging(result.job)
+
+
+def remove_local_staging(job) -> None:
+    """The sdist and the other artifacts sit in a temp dir the dry run leaves behind."""
+    for path in {Path(a).parent for a in staged_artifacts(job).values()}:
+        if path.is_relative_to(tempfile.gettempdir()) and path != Path(tempfile.gettempdir()):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def staged_artifacts(job) -> dict[str, str]:
+    """staged name -> local file, for every artifact the workers would receive."""
+    staged = {}
+    for environment in job.proto_pipeline.components.environments.values():
+        for dep in environment.dependencies:
+            name = rapi.ArtifactStagingToRolePayload.FromString(dep.role_payload).staged_name
+            staged[name] = rapi.ArtifactFilePayload.FromString(dep.type_payload).path
+    return staged
+
+
+def transforms_with(job, urn: str):
+    return [t for t in job.proto_pipeline.components.transforms.values() if t.spec.urn == urn]
+
+
+def test_it_is_a_streaming_job(job):
+    assert job.proto.type.name == "JOB_TYPE_STREAMING"
+    assert job.options.view_as(StandardOptions).streaming
+    assert "enable_streaming_engine" in job.options.view_as(DebugOptions).experiments
+
+
+def test_reads_requests_and_writes_records_on_pubsub(job):
+    reads = [rapi.PubSubReadPayload.FromString(t.spec.payload)
+             for t in transforms_with(job, common_urns.composites.PUBSUB_READ.urn)]
+    writes = [rapi.PubSubWritePayload.FromString(t.spec.payload)
+              for t in transforms_with(job, common_urns.composites.PUBSUB_WRITE.urn)]
+    assert [(r.subscription, r.with_attributes) for r in reads] == [(REQUESTS, True)]
+    assert RECORDS in [w.topic for w in writes]
+
+
+def test_setup_file_is_carried_and_staged(job):
+    assert job.options.view_as(SetupOptions).setup_file == str(REPO / "setup.py")
+    # What the service would receive as sdkPipelineOptions.
+    env = apiclient.Environment(packages=[], options=job.options, environment_version="8",
+                                proto_pipeline_staged_url="gs://rl-bucket/tmp/pipeline.pb",
+                                proto_pipeline=job.proto_pipeline).proto
+    sent = dict(env.sdk_pipeline_options["options"])
+    assert sent["setup_file"] == str(REPO / "setup.py") and sent["streaming"] is True
+    assert sent["buckets"] == "128,256" and sent["window_s"] == 30.0
+    # The workers install the project from the sdist the dry run built from setup.py.
+    staged = staged_artifacts(job)
+    assert "workflow.tar.gz" in staged
+    with tarfile.open(staged["workflow.tar.gz"]) as sdist:
+        names = sdist.getnames()
+    for module in ("pipelines/rollout.py", "pipelines/pack_transform.py", "trainer/records.py", "setup.py"):
+        assert any(n.endswith(module) for n in names), module
+
+
+def test_the_packing_flags_parse_as_the_workers_will_see_them(job):
+    cfg = packing_config(job.options.view_as(RolloutOptions))
+    assert cfg.buckets == (128, 256) and cfg.window_s == 30.0
+
+
+def test_the_packer_translates_for_dataflow():
+    """PackTrajectoryGroups on its own (whatever rollout.build wires today): its stateful
+    packer keeps its state, both timer domains, a deterministic key coder and the
+    windowing with allowed lateness through Dataflow's translation."""
+    from pipelines.pack_transform import PackTrajectoryGroups
+    from pipelines.packing_config import PackingConfig
+
+    argv = [a for a in ARGV if not a.startswith("--setup_file")]
+    p = beam.Pipeline(options=PipelineOptions(argv))
+    cfg = PackingConfig(buckets=(128, 256), window_s=30.0, allowed_lateness_s=600.0)
+    (p | beam.io.ReadFromPubSub(subscription=REQUESTS) | beam.Map(lambda _: [])
+     | PackTrajectoryGroups(cfg) | beam.Map(lambda r: r.record_id.encode()) | beam.io.WriteToPubSub(RECORDS))
+    job = p.run().job
+    remove_local_staging(job)
+    pipeline = job.proto_pipeline
+    comps = pipeline.components
+    (packer,) = [t for t in comps.transforms.values() if t.unique_name.endswith("/PackRecords")]
+    payload = rapi.ParDoPayload.FromString(packer.spec.payload)
+    assert set(payload.state_specs) == {"buffer", "armed"}
+    domains = {k: v.time_domain for k, v in payload.timer_family_specs.items()}
+    assert domains == {"ts-max_wait": rapi.TimeDomain.PROCESSING_TIME, "ts-window_end": rapi.TimeDomain.EVENT_TIME}
+    pcoll = comps.pcollections[next(iter(packer.inputs.values()))]
+    windowing = comps.windowing_strategies[pcoll.windowing_strategy_id]
+    assert windowing.window_fn.urn == common_urns.fixed_windows.urn and windowing.allowed_lateness == 600_000
+    # The (bucket, shard) key: a pair of varints, deterministic as state keys must be.
+    key_coder = comps.coders[comps.coders[pcoll.coder_id].component_coder_ids[0]]
+    assert key_coder.spec.urn == common_urns.coders.KV.urn
+    assert [comps.coders[c].spec.urn for c in key_coder.component_coder_ids] == [common_urns.coders.VARINT.urn] * 2
