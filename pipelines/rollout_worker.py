@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import environments
 from pipelines.engine import InferenceEngine
 from pipelines.episodes import EpisodeLimits
 from pipelines.options import EngineOptions, RolloutOptions, packing_config
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 class RolloutWorker:
     def __init__(self, options):
         opts, engine_opts = options.view_as(RolloutOptions), options.view_as(EngineOptions)
+        environments.load_entry_points()  # environments from installed plugin packages
         cfg = model_config(opts.model_config)
         longest = packing_config(opts).max_seq_len  # an episode must fit the largest bucket
         self.limits = EpisodeLimits(max_new_tokens_per_turn=opts.max_new_tokens_per_turn, max_tokens=longest)

@@ -56,6 +56,7 @@ def parse_args(argv):
 def load_prompts(args):
     """Training prompts: the environment's TFDS dataset when --data_dir is given (built
     there from the local generator on first use; nothing is downloaded), else generated."""
+    environments.load_entry_points()  # environments from installed plugin packages
     if not args.data_dir:
         return environments.make_tasks(args.env, args.task_seed, 1000, "train")
     from environments import datasets
