@@ -40,6 +40,18 @@ FLUSH_REASONS = (FULL, WINDOW_END, MAX_WAIT)
 Clock = Callable[[], float]
 
 
+DROPPED = "dropped"
+
+
+@dataclasses.dataclass(frozen=True)
+class DropNotice:
+    """Trajectories deliberately not packed. Sent on to the learner, whose feeder credits
+    count trajectories: without the notice, filtered trajectories would never return their
+    credits and the feeder would slowly starve."""
+    reason: str
+    trajectory_ids: tuple[str, ...]
+
+
 @dataclasses.dataclass(frozen=True)
 class FlushedRecord:
     """What the packer emits: the record plus why and how late it left."""
@@ -69,6 +81,7 @@ class FilterZeroSignalGroupsFn(beam.DoFn):
             if self.enabled:
                 self.dropped_groups.inc()
                 self.dropped_trajs.inc(len(group))
+                yield beam.pvalue.TaggedOutput(DROPPED, DropNotice("zero_signal", tuple(t.trajectory_id for t in group)))
                 return
         yield group
 
@@ -118,6 +131,8 @@ class FitToBucketsFn(beam.DoFn):
             self.outcomes[fit.outcome].inc()
         if fit.trajectory is not None:
             yield fit.bucket, fit.trajectory
+        else:
+            yield beam.pvalue.TaggedOutput(DROPPED, DropNotice(fit.outcome, (t.trajectory_id,)))
 
 
 def timestamp_by_finish(kv, clock: Clock):
@@ -221,31 +236,42 @@ class PackTrajectoryGroups(beam.PTransform):
 
     `clock` (seconds) sets the max-wait timers and measures flush latency; tests inject
     one that matches TestStream's processing time. keep_flush_info=True outputs
-    FlushedRecord instead (for tests and diagnostics)."""
+    FlushedRecord instead (for tests and diagnostics). drop_notices=True returns
+    {"records": ..., "dropped": PCollection[DropNotice]} (zero-signal groups, overlong and
+    empty trajectories; duplicates by id need none: their first copy is packed)."""
 
-    def __init__(self, config: PackingConfig, clock: Clock = time.time, keep_flush_info: bool = False):
+    def __init__(self, config: PackingConfig, clock: Clock = time.time, keep_flush_info: bool = False,
+                 drop_notices: bool = False):
         super().__init__()
         self.config, self.clock, self.keep_flush_info = config, clock, keep_flush_info
+        self.drop_notices = drop_notices
 
     def expand(self, groups):
         cfg, clock = self.config, self.clock
-        trajs = (groups
-                 | "GlobalWindowForDedup" >> beam.WindowInto(GlobalWindows())
-                 | "FilterZeroSignalGroups" >> beam.ParDo(FilterZeroSignalGroupsFn(cfg.filter_zero_signal))
+        kept = (groups
+                | "GlobalWindowForDedup" >> beam.WindowInto(GlobalWindows())
+                | "FilterZeroSignalGroups" >> beam.ParDo(FilterZeroSignalGroupsFn(cfg.filter_zero_signal))
+                .with_outputs(DROPPED, main="groups"))
+        trajs = (kept.groups
                  | "FlattenGroups" >> beam.FlatMap(lambda g: g)
                  | "DedupById" >> DedupBy("dedup", lambda t: t.trajectory_id, cfg.dedup_window_s))
         if cfg.content_dedup:
             trajs = trajs | "DedupByContent" >> DedupBy("content_dedup", bucketing.content_hash, cfg.dedup_window_s)
         num_shards = cfg.num_shards
-        return (trajs
-                | "FitToBuckets" >> beam.ParDo(FitToBucketsFn(cfg.buckets, cfg.overlong))
-                | "TimestampByFinish" >> beam.Map(timestamp_by_finish, clock)
-                | "WindowIntoFixed" >> beam.WindowInto(FixedWindows(cfg.window_s),
-                                                       allowed_lateness=Duration.of(cfg.allowed_lateness_s))
-                | "KeyByBucketShard" >> beam.Map(lambda kv: ((kv[0], shard_of(kv[1].trajectory_id, num_shards)), kv[1]))
-                .with_output_types(tuple[tuple[int, int], Any])
-                | "PackRecords" >> beam.ParDo(PackRecordsFn(cfg.shapes, cfg.max_wait_s, clock))
-                | "CountRecords" >> beam.ParDo(CountRecordsFn(cfg.buckets, cfg.rows, self.keep_flush_info))
-                # Records leave in the global window, as the old packer's did: nothing
-                # downstream groups them by the packing window.
-                | "GlobalWindow" >> beam.WindowInto(GlobalWindows()))
+        fitted = trajs | "FitToBuckets" >> beam.ParDo(FitToBucketsFn(cfg.buckets, cfg.overlong)).with_outputs(
+            DROPPED, main="fitted")
+        records = (fitted.fitted
+                   | "TimestampByFinish" >> beam.Map(timestamp_by_finish, clock)
+                   | "WindowIntoFixed" >> beam.WindowInto(FixedWindows(cfg.window_s),
+                                                          allowed_lateness=Duration.of(cfg.allowed_lateness_s))
+                   | "KeyByBucketShard" >> beam.Map(lambda kv: ((kv[0], shard_of(kv[1].trajectory_id, num_shards)), kv[1]))
+                   .with_output_types(tuple[tuple[int, int], Any])
+                   | "PackRecords" >> beam.ParDo(PackRecordsFn(cfg.shapes, cfg.max_wait_s, clock))
+                   | "CountRecords" >> beam.ParDo(CountRecordsFn(cfg.buckets, cfg.rows, self.keep_flush_info))
+                   # Records leave in the global window, as the old packer's did: nothing
+                   # downstream groups them by the packing window.
+                   | "GlobalWindow" >> beam.WindowInto(GlobalWindows()))
+        if not self.drop_notices:
+            return records
+        dropped = (kept[DROPPED], fitted[DROPPED]) | "AllDropNotices" >> beam.Flatten()
+        return {"records": records, DROPPED: dropped}

@@ -14,8 +14,8 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipelines.options import RolloutOptions, packing_config
-from pipelines.pack_transform import PackTrajectoryGroups
-from pipelines.transforms import DEAD_LETTER, ParseRequestFn, RunEpisodes, to_pubsub_message
+from pipelines.pack_transform import DROPPED, PackTrajectoryGroups
+from pipelines.transforms import DEAD_LETTER, ParseRequestFn, RunEpisodes, drop_notice_message, to_pubsub_message
 from trainer.rollout_request import HEARTBEAT_ATTRIBUTE
 
 DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -27,9 +27,11 @@ def build(p: beam.Pipeline, options: PipelineOptions) -> None:
               | "ReadRequests" >> beam.io.ReadFromPubSub(subscription=opts.requests_subscription, with_attributes=True)
               | "ParseRequests" >> beam.ParDo(ParseRequestFn()).with_outputs(DEAD_LETTER, main="requests"))
     episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(options)
-    (episodes["groups"]
-     | "Pack" >> PackTrajectoryGroups(packing_config(opts))
-     | "ToMessages" >> beam.Map(to_pubsub_message)
+    packed = episodes["groups"] | "Pack" >> PackTrajectoryGroups(packing_config(opts), drop_notices=True)
+    # Drop notices travel with the records: the learner returns their feeder credits.
+    ((packed["records"] | "RecordMessages" >> beam.Map(to_pubsub_message),
+      packed[DROPPED] | "DropNoticeMessages" >> beam.Map(drop_notice_message))
+     | "AllMessages" >> beam.Flatten()
      | "WriteRecords" >> beam.io.WriteToPubSub(opts.records_topic, with_attributes=True))
     dead = (parsed[DEAD_LETTER], episodes[DEAD_LETTER]) | "AllDeadLetters" >> beam.Flatten()
     if opts.dead_letter_topic:

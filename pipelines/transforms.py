@@ -1,6 +1,7 @@
 """The pipeline's DoFns and composite transforms, one role each."""
 from __future__ import annotations
 
+import json
 import logging
 import zlib
 from typing import Any
@@ -112,3 +113,10 @@ class RunEpisodes(beam.PTransform):
 
 def to_pubsub_message(rec: records.PackedRecord) -> PubsubMessage:
     return PubsubMessage(data=records.encode(rec), attributes=records.attributes(rec))
+
+
+def drop_notice_message(notice) -> PubsubMessage:
+    """An attributes-first message the consumer recognises by `kind`; the ids are JSON."""
+    return PubsubMessage(data=json.dumps({"trajectory_ids": list(notice.trajectory_ids)}).encode(),
+                         attributes={records.KIND_ATTRIBUTE: records.KIND_DROPPED, "reason": notice.reason,
+                                     "trajectories": str(len(notice.trajectory_ids))})

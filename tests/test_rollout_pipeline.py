@@ -11,6 +11,7 @@ import environments
 from localstack.processes import ProcessGroup
 from trainer import pubsub_io
 from trainer.config import ModelConfig
+from trainer.consumer import RecordConsumer
 from trainer.model import init_model, split_params
 from trainer.records import decode
 from trainer.rollout_request import RolloutRequest
@@ -26,20 +27,24 @@ def _pull_until(sub, path, n, timeout_s):
     return got
 
 
-@pytest.mark.timeout(300)
-def test_requests_in_records_and_dead_letters_out(pubsub_emulator, unique_name, tmp_path):
-    emu = pubsub_emulator
+def _setup(emu, unique_name, tmp_path, *extra_flags):
     names = {k: unique_name(k) for k in ("requests", "records", "dead")}
     topics = {k: emu.create_topic(v) for k, v in names.items()}
     subs = {k: emu.create_subscription(v + "-sub", v) for k, v in names.items()}
     store = PolicyStore(str(tmp_path / "store"))
     store.publish(0, nnx.to_pure_dict(split_params(init_model(ModelConfig(), 0))[1]))
-
     cmd = [sys.executable, "-m", "pipelines.rollout", "--runner=BundleBasedDirectRunner", "--streaming",
            f"--project={emu.project}", f"--requests_subscription={subs['requests']}",
            f"--records_topic={topics['records']}", f"--dead_letter_topic={topics['dead']}",
            f"--policy_root={store.root}", "--rows=2", "--seq_len=256", "--engine_slots=8",
-           "--max_wait_s=0.5", "--commit_interval_s=0.1"]
+           "--max_wait_s=0.5", "--commit_interval_s=0.1", *extra_flags]
+    return topics, subs, cmd
+
+
+@pytest.mark.timeout(300)
+def test_requests_in_records_and_dead_letters_out(pubsub_emulator, unique_name, tmp_path):
+    emu = pubsub_emulator
+    topics, subs, cmd = _setup(emu, unique_name, tmp_path)
     pub = pubsub_io.publisher_client()
     task = environments.generate_tasks(0, 2, "test")
     good = [RolloutRequest(f"good-{i}", "calculator", t.to_json_dict(), 4, {"max_turns": 2}) for i, t in enumerate(task)]
@@ -70,3 +75,25 @@ def test_requests_in_records_and_dead_letters_out(pubsub_emulator, unique_name, 
     for m, r in zip(records, decoded):
         assert m.attributes["record_id"] == r.record_id and m.attributes["rows"] == "2"
         assert json.loads(m.attributes["max_policy_version"]) == 0
+
+
+@pytest.mark.timeout(300)
+def test_filtered_groups_send_drop_notices_that_return_credits(pubsub_emulator, unique_name, tmp_path):
+    """A random policy never solves a task: every group has equal rewards, so with the
+    zero-signal filter on nothing is packed, and every trajectory is reported dropped."""
+    emu = pubsub_emulator
+    topics, subs, cmd = _setup(emu, unique_name, tmp_path, "--filter_zero_signal")
+    pub = pubsub_io.publisher_client()
+    tasks = environments.generate_tasks(1, 3, "test")
+    with ProcessGroup(cmd, tmp_path / "pipeline.log", env=None) as pipeline:
+        for i, t in enumerate(tasks):
+            req = RolloutRequest(f"zero-{i}", "calculator", t.to_json_dict(), 4, {"max_turns": 1})
+            pubsub_io.publish(pub, topics["requests"], req.to_bytes()).result()
+        consumer = RecordConsumer(subs["records"], {(2, 256)})
+        deadline, records = time.monotonic() + 150, []
+        while consumer.dropped_trajectories.get("zero_signal", 0) < 12 and time.monotonic() < deadline:
+            records += consumer.poll(max_messages=10, timeout_s=1.0)
+        assert pipeline.poll() is None, pipeline.log_tail()
+    assert records == [] and consumer.rejected == 0
+    assert consumer.dropped_trajectories == {"zero_signal": 12}
+    assert consumer.take_dropped() == 12 and consumer.take_dropped() == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 
 from trainer import pubsub_io
-from trainer.records import PackedRecord, RecordError, decode
+from trainer.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +22,17 @@ class RecordConsumer:
         self.publisher = pubsub_io.publisher_client() if dead_letter_topic else None
         self.seen_ids: set[str] = set()
         self.accepted = self.duplicates = self.rejected = 0
+        self.dropped_trajectories: dict[str, int] = {}  # by reason, from the pipeline's drop notices
+        self._unreleased_drops = 0
 
     def poll(self, max_messages: int = 10, timeout_s: float = 1.0) -> list[PackedRecord]:
         received = pubsub_io.pull(self.subscriber, self.subscription, max_messages, timeout_s)
         out = []
         for rm in received:
+            kind = rm.message.attributes.get(KIND_ATTRIBUTE)
+            if kind is not None:
+                self._notice(rm.message, kind)
+                continue
             try:
                 rec = decode(rm.message.data)
                 if rec.shape not in self.shapes:
@@ -42,6 +48,26 @@ class RecordConsumer:
             out.append(rec)
         pubsub_io.ack(self.subscriber, self.subscription, [rm.ack_id for rm in received])
         return out
+
+    def take_dropped(self) -> int:
+        """Trajectories the pipeline reported as deliberately not packed since the last
+        call: their feeder credits are due back."""
+        n, self._unreleased_drops = self._unreleased_drops, 0
+        return n
+
+    def _notice(self, message, kind: str) -> None:
+        try:
+            if kind != KIND_DROPPED:
+                raise ValueError(f"unknown message kind {kind!r}")
+            n = int(message.attributes["trajectories"])
+            if not 0 < n <= 1_000_000:
+                raise ValueError(f"trajectories={n} out of range")
+        except (KeyError, ValueError) as e:
+            self._reject(message, f"bad notice: {e}")
+            return
+        reason = message.attributes.get("reason", "unknown")[:64]
+        self.dropped_trajectories[reason] = self.dropped_trajectories.get(reason, 0) + n
+        self._unreleased_drops += n
 
     def _reject(self, message, error: str) -> None:
         self.rejected += 1

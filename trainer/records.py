@@ -18,6 +18,9 @@ import struct
 import numpy as np
 
 SCHEMA_VERSION = 1
+# Messages on the records topic that are not records carry kind=<...> (records carry none).
+KIND_ATTRIBUTE = "kind"
+KIND_DROPPED = "dropped"  # trajectories deliberately not packed: attribute "trajectories" = count
 MAGIC = b"PKRC"
 MAX_MESSAGE_BYTES = 4_000_000  # the Pub/Sub emulator's streaming pull stalls above ~4.2 MB
 MAX_HEADER_BYTES = 1 << 20

@@ -49,6 +49,7 @@ class RunStats:
             "records_consumed": self.records,
             "records_rejected": consumer.rejected,
             "records_duplicate": consumer.duplicates,
+            "trajectories_dropped_by_pipeline": consumer.dropped_trajectories,
             "tokens_consumed": self.tokens,
             "loss_tokens_consumed": self.loss_tokens,
             "trajectories": len(self.rewards),

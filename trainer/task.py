@@ -107,6 +107,7 @@ def run(args) -> dict:
                 credits.release(len(rec.trajectories))
                 stats.on_record(rec, version)
                 buffers[rec.shape].append(rec)  # a batch holds one shape: one compile per bucket
+            credits.release(consumer.take_dropped())
             while learner.steps < args.max_steps and (batch := take_batch(buffers, cfg.batch_records)):
                 metrics = stats.on_step(lambda: learner.train_step(batch))
                 if learner.steps % cfg.publish_every == 0:
