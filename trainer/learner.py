@@ -8,8 +8,10 @@ import jax
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from trainer import losses
+from trainer import losses, sharding
 from trainer.config import ModelConfig
 from trainer.model import init_model, split_params, token_logprobs
 from trainer.records import PackedRecord
@@ -63,19 +65,36 @@ def _train_step(graphdef, tx, eps_low, eps_high, params, opt_state, batch):
 
 
 class Learner:
-    def __init__(self, model_cfg: ModelConfig, cfg: LearnerConfig):
-        self.model_cfg, self.cfg = model_cfg, cfg
-        self.graphdef, self.params = split_params(init_model(model_cfg, cfg.seed))
+    """Params and optimizer state, optionally sharded over a ("data", "model") mesh, and
+    one jitted step with donated state per record shape."""
+
+    def __init__(self, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None):
+        self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
+        self.graphdef, params = split_params(init_model(model_cfg, cfg.seed))
         tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(cfg.learning_rate))
-        self.opt_state = tx.init(self.params)
         step = functools.partial(_train_step, self.graphdef, tx, cfg.eps_low, cfg.eps_high)
-        self._step = jax.jit(step, donate_argnums=(0, 1))
+        if mesh is None:
+            self.params, self.opt_state = params, tx.init(params)
+            self._batch_sharding = None
+            self._step = jax.jit(step, donate_argnums=(0, 1))
+        else:
+            shardings = sharding.param_shardings(params, mesh)
+            self.params = jax.device_put(params, shardings)
+            opt_state = jax.jit(tx.init)(self.params)  # moments follow the params' layout
+            # Scalars (step counts) come out on one device: replicate them over the mesh.
+            opt_shardings = jax.tree.map(
+                lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else NamedSharding(mesh, P()), opt_state)
+            self.opt_state = jax.device_put(opt_state, opt_shardings)
+            self._batch_sharding = sharding.batch_sharding(mesh)
+            self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, opt_shardings, None))
         self.steps = 0
 
     def train_step(self, records: list[PackedRecord]) -> dict[str, float]:
         if len(records) != self.cfg.batch_records:
             raise ValueError(f"expected {self.cfg.batch_records} records, got {len(records)}")
         batch = batch_from_records(records)
+        if self._batch_sharding is not None:
+            batch = jax.device_put(batch, self._batch_sharding)
         self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
         self.steps += 1
         return {k: float(v) for k, v in metrics.items()}

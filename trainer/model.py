@@ -31,19 +31,39 @@ def segment_causal_mask(segment_ids: jax.Array) -> jax.Array:
     return (causal[None] & same)[:, None]
 
 
+def _linear(d_in: int, d_out: int, axes: tuple[str, str], rngs: nnx.Rngs) -> nnx.Linear:
+    """A bias-free Linear whose kernel carries logical axis names (trainer/sharding.py
+    maps them onto the mesh)."""
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), axes)
+    return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=init, rngs=rngs)
+
+
 class Attention(nnx.Module):
+    """Grouped-query attention: n_heads query heads share n_kv_heads key/value heads,
+    so the KV cache holds only n_kv_heads."""
+
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.head_dim = cfg.d_model // cfg.n_heads
-        self.qkv = nnx.Linear(cfg.d_model, 3 * cfg.d_model, use_bias=False, rngs=rngs)
-        self.out = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=False, rngs=rngs)
+        self.head_dim = cfg.head_dim
+        self.q = _linear(cfg.d_model, cfg.n_heads * cfg.head_dim, ("embed", "q_heads"), rngs)
+        self.kv = _linear(cfg.d_model, 2 * cfg.n_kv_heads * cfg.head_dim, ("embed", "kv_heads"), rngs)
+        self.out = _linear(cfg.n_heads * cfg.head_dim, cfg.d_model, ("q_heads", "embed"), rngs)
+
+    def _project(self, x, positions):
+        b, t, _ = x.shape
+        q = self.q(x).reshape(b, t, self.cfg.n_heads, self.head_dim)
+        k, v = jnp.split(self.kv(x).reshape(b, t, 2 * self.cfg.n_kv_heads, self.head_dim), 2, axis=2)
+        return rope(q, positions, self.cfg.rope_base), rope(k, positions, self.cfg.rope_base), v
+
+    def _attend(self, q, k, v, mask):
+        groups = self.cfg.n_heads // self.cfg.n_kv_heads
+        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        y = nnx.dot_product_attention(q, k, v, mask=mask)
+        return self.out(y.reshape(y.shape[0], y.shape[1], -1))
 
     def __call__(self, x, positions, mask):
-        b, t, _ = x.shape
-        q, k, v = jnp.split(self.qkv(x).reshape(b, t, 3 * self.cfg.n_heads, self.head_dim), 3, axis=2)
-        q, k = rope(q, positions, self.cfg.rope_base), rope(k, positions, self.cfg.rope_base)
-        y = nnx.dot_product_attention(q, k, v, mask=mask)
-        return self.out(y.reshape(b, t, -1))
+        q, k, v = self._project(x, positions)
+        return self._attend(q, k, v, mask)
 
     def decode(self, x, start, cache_k, cache_v):
         """A chunk of P tokens per row at positions start[b] + 0..P-1, written into the
@@ -52,33 +72,35 @@ class Attention(nnx.Module):
         earlier episode in this slot, or chunk padding) and masked out."""
         b, p, _ = x.shape
         positions = start[:, None] + jnp.arange(p)[None, :]  # [B, P]
-        q, k, v = jnp.split(self.qkv(x).reshape(b, p, 3 * self.cfg.n_heads, self.head_dim), 3, axis=2)
-        q, k = rope(q, positions, self.cfg.rope_base), rope(k, positions, self.cfg.rope_base)
+        q, k, v = self._project(x, positions)
         rows = jnp.arange(b)[:, None]
         cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
         cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
         visible = jnp.arange(cache_k.shape[1])[None, None, :] <= positions[:, :, None]  # [B, P, T]
-        y = nnx.dot_product_attention(q, cache_k, cache_v, mask=visible[:, None])
-        return self.out(y.reshape(b, p, -1)), cache_k, cache_v
+        return self._attend(q, cache_k, cache_v, visible[:, None]), cache_k, cache_v
 
 
 class MLP(nnx.Module):
     """SwiGLU feed-forward."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.gate = nnx.Linear(cfg.d_model, cfg.mlp_dim, use_bias=False, rngs=rngs)
-        self.up = nnx.Linear(cfg.d_model, cfg.mlp_dim, use_bias=False, rngs=rngs)
-        self.down = nnx.Linear(cfg.mlp_dim, cfg.d_model, use_bias=False, rngs=rngs)
+        self.gate = _linear(cfg.d_model, cfg.mlp_dim, ("embed", "mlp"), rngs)
+        self.up = _linear(cfg.d_model, cfg.mlp_dim, ("embed", "mlp"), rngs)
+        self.down = _linear(cfg.mlp_dim, cfg.d_model, ("mlp", "embed"), rngs)
 
     def __call__(self, x):
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
 
 
+def _rms_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    return nnx.RMSNorm(cfg.d_model, scale_init=nnx.with_partitioning(nnx.initializers.ones, ("embed",)), rngs=rngs)
+
+
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.attn_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.attn_norm = _rms_norm(cfg, rngs)
         self.attn = Attention(cfg, rngs)
-        self.mlp_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.mlp_norm = _rms_norm(cfg, rngs)
         self.mlp = MLP(cfg, rngs)
 
     def __call__(self, x, positions, mask):
@@ -94,9 +116,10 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+        embed_init = nnx.with_partitioning(nnx.initializers.normal(1.0), ("vocab", "embed"))
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
-        self.final_norm = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.final_norm = _rms_norm(cfg, rngs)
 
     def __call__(self, tokens, segment_ids, positions):
         """tokens, segment_ids, positions: int [B, T] -> logits float32 [B, T, vocab]."""
@@ -119,7 +142,7 @@ class Transformer(nnx.Module):
         return logits, (jnp.stack(new_k), jnp.stack(new_v))
 
     def init_cache(self, batch: int, length: int, dtype=jnp.float32):
-        shape = (self.cfg.n_layers, batch, length, self.cfg.n_heads, self.cfg.d_model // self.cfg.n_heads)
+        shape = (self.cfg.n_layers, batch, length, self.cfg.n_kv_heads, self.cfg.head_dim)
         return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
@@ -133,7 +156,10 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
-    return Transformer(cfg, nnx.Rngs(seed))
+    """Parameters carry logical axis names as metadata only; trainer/sharding.py places
+    them on a mesh when there is one (eager sharding would demand a mesh here)."""
+    with nnx.use_eager_sharding(False):
+        return Transformer(cfg, nnx.Rngs(seed))
 
 
 def split_params(model: Transformer):

@@ -1,0 +1,31 @@
+"""Run in a subprocess with 8 virtual CPU devices: one learner step per mesh layout.
+Prints JSON {layout: {"loss", "grad_norm", "params": [a few flattened values]}}."""
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from _learner_data import random_record  # noqa: E402
+from trainer.config import ModelConfig  # noqa: E402
+from trainer.learner import Learner, LearnerConfig  # noqa: E402
+from trainer.sharding import make_mesh  # noqa: E402
+
+assert jax.device_count() == 8, jax.devices()
+cfg = ModelConfig(max_seq_len=64, n_heads=4, n_kv_heads=2)
+records = [random_record(1), random_record(2)]
+out = {}
+for layout in ["single", "8x1", "4x2", "2x4"]:
+    mesh = None if layout == "single" else make_mesh(*map(int, layout.split("x")))
+    learner = Learner(cfg, LearnerConfig(batch_records=2, learning_rate=1e-2), mesh=mesh)
+    metrics = learner.train_step(records)
+    leaves = [np.asarray(x).ravel() for x in jax.tree.leaves(nnx.to_pure_dict(learner.params))]
+    shard_counts = sorted({len(x.sharding.device_set) for x in jax.tree.leaves(learner.params)})
+    out[layout] = {"loss": metrics["losses/policy_loss"], "grad_norm": metrics["losses/grad_norm"],
+                   "params": np.concatenate(leaves).tolist(), "devices_per_param": shard_counts}
+print(json.dumps(out))

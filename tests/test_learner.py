@@ -1,0 +1,45 @@
+"""The learner step: sharding equivalence on 8 virtual devices, zero recompiles."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from _learner_data import random_record
+from trainer.config import ModelConfig
+from trainer.learner import Learner, LearnerConfig
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.mark.timeout(600)
+def test_meshes_give_the_same_loss_gradients_and_update_as_one_device():
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "_sharding_probe.py")], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    base = out["single"]
+    assert base["loss"] != 0 and base["grad_norm"] > 0
+    for layout in ("8x1", "4x2", "2x4"):
+        got = out[layout]
+        np.testing.assert_allclose(got["loss"], base["loss"], rtol=1e-5, err_msg=layout)
+        np.testing.assert_allclose(got["grad_norm"], base["grad_norm"], rtol=1e-4, err_msg=layout)
+        np.testing.assert_allclose(got["params"], base["params"], atol=2e-5, err_msg=layout)
+    assert out["8x1"]["devices_per_param"] == [8]  # replicated over the data axis
+    assert max(out["2x4"]["devices_per_param"]) == 8 and out["2x4"] != out["8x1"]
+
+
+def test_fifty_steps_of_varied_data_compile_once():
+    learner = Learner(ModelConfig(max_seq_len=64), LearnerConfig(batch_records=2))
+    for step in range(50):
+        learner.train_step([random_record(2 * step), random_record(2 * step + 1)])
+    assert learner.steps == 50
+    assert learner.compiled_variants() == 1
+
+
+def test_wrong_batch_size_is_refused():
+    learner = Learner(ModelConfig(max_seq_len=64), LearnerConfig(batch_records=2))
+    with pytest.raises(ValueError, match="expected 2 records"):
+        learner.train_step([random_record(0)])
