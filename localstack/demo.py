@@ -36,6 +36,8 @@ def parse_args(argv):
     p.add_argument("--policy_poll_s", type=float, default=0.5)
     p.add_argument("--max_wait_s", type=float, default=1.0)
     p.add_argument("--timeout_s", type=float, default=900.0)
+    p.add_argument("--sync", action="store_true",
+                   help="the synchronous baseline: --max_staleness 0 --max_batches_ahead 0 for the learner")
     p.add_argument("--warmstart_steps", type=int, default=200,
                    help="behaviour cloning on oracle episodes before v0, so RL starts with signal")
     return p.parse_args(argv)
@@ -62,6 +64,7 @@ def run_local(args) -> dict:
                        f"--publish_every={args.publish_every}", f"--batch_records={args.batch_records}",
                        f"--timeout_s={args.timeout_s}", f"--summary_path={summary_path}",
                        f"--warmstart_steps={args.warmstart_steps}",
+                       *(["--max_staleness=0", "--max_batches_ahead=0"] if args.sync else []),
                        f"--env={args.env}", f"--env_config={json.dumps({'tool_latency': args.tool_latency})}",
                        f"--data_dir={workdir / 'datasets'}", *shape]
         with ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env) as pipeline, \

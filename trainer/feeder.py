@@ -63,8 +63,9 @@ class TrajectoryCredits:
 
 class Feeder(threading.Thread):
     def __init__(self, topic: str, tasks, credits: TrajectoryCredits, group_size: int, env: str,
-                 env_config: dict | None = None):
+                 env_config: dict | None = None, min_version=lambda: 0):
         super().__init__(name="feeder", daemon=True)
+        self.min_version = min_version  # () -> the oldest policy version a new request may use
         self.topic, self.credits, self.group_size = topic, credits, group_size
         self.env, self.env_config = env, env_config or {}
         self.tasks = itertools.cycle(tasks)
@@ -80,7 +81,7 @@ class Feeder(threading.Thread):
                 task = next(self.tasks)
                 req = RolloutRequest(request_id=f"{self._run_id}-{self.published:07d}", env=self.env,
                                      task=task.to_json_dict(), group_size=self.group_size,
-                                     env_config=self.env_config)
+                                     env_config=self.env_config, min_policy_version=self.min_version())
                 pubsub_io.publish(publisher, self.topic, req.to_bytes()).result(timeout=30)
                 self.published += 1
         except BaseException as e:  # noqa: BLE001 - surfaced to the learner loop

@@ -20,6 +20,7 @@ class RolloutRequest:
     task: dict  # environments.Task.to_json_dict()
     group_size: int
     env_config: dict = dataclasses.field(default_factory=dict)
+    min_policy_version: int = 0  # workers wait for at least this policy version (staleness bound)
 
     def to_bytes(self) -> bytes:
         return json.dumps({"schema_version": REQUEST_SCHEMA_VERSION, **dataclasses.asdict(self)}).encode()
@@ -49,4 +50,6 @@ class RolloutRequest:
             raise RequestError("task and env_config must be JSON objects")
         if type(req.group_size) is not int or req.group_size < 1:
             raise RequestError(f"group_size must be a positive int, got {req.group_size!r}")
+        if type(req.min_policy_version) is not int or req.min_policy_version < 0:
+            raise RequestError(f"min_policy_version must be an int >= 0, got {req.min_policy_version!r}")
         return req

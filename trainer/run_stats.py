@@ -16,7 +16,6 @@ class RunStats:
         self.statuses = collections.Counter()
         self.record_shapes = collections.Counter()
         self.record_versions = collections.Counter()  # max policy version in each record
-        self.staleness = collections.Counter()  # learner version - oldest version in the record
         self.versions_published = [learner_version]
         self.last_metrics: dict[str, float] = {}
 
@@ -26,8 +25,6 @@ class RunStats:
         self.loss_tokens += rec.num_loss_tokens
         self.record_shapes[f"{rec.shape[0]}x{rec.shape[1]}"] += 1
         self.record_versions[rec.max_policy_version] += 1
-        if rec.min_policy_version >= 0:
-            self.staleness[learner_version - rec.min_policy_version] += 1
         for t in rec.trajectories:
             self.rewards.append(t.reward)
             self.statuses[t.status] += 1
@@ -41,7 +38,8 @@ class RunStats:
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
 
-    def summary(self, learner, consumer, feeder, shapes) -> dict:
+    def summary(self, job) -> dict:
+        learner, consumer, feeder, shapes = job.learner, job.consumer, job.feeder, job.shapes
         wall = time.monotonic() - self.started
         return {
             "steps": learner.steps,
@@ -58,7 +56,10 @@ class RunStats:
             "declared_record_shapes": [f"{s.rows}x{s.seq_len}" for s in shapes],
             "record_shapes": dict(self.record_shapes),
             "records_by_max_policy_version": {str(k): v for k, v in sorted(self.record_versions.items())},
-            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
+            "staleness_histogram": {str(k): v for k, v in sorted(job.staleness.histogram.items())},
+            "records_dropped_stale": job.staleness.dropped_records,
+            "trajectories_dropped_stale": job.staleness.dropped_trajectories,
+            "staleness_waits": job.staleness.waits,
             "requests_published": feeder.published,
             "compiled_train_steps": learner.compiled_variants(),
             "wall_s": round(wall, 2),

@@ -1,13 +1,20 @@
 """Policy store: the learner publishes policy versions, rollout workers poll them.
 
-Layout under `root` (a local directory; gs:// later, through etils.epath):
-    policies/<version:08d>/        Orbax checkpoint of the params pytree, then
+Layout under `root` (a local directory or gs://bucket/prefix):
+    policies/<version:08d>/                Orbax checkpoint of the params pytree, then
     policies/<version:08d>/metadata.json   written after Orbax has finalised the data
-    LATEST                         {"version", "path", "written_at"}, written last
+    LATEST                                 {"version", "path", "written_at"}, written last
 
 Two commit points make a reader safe: a version directory counts only once its
-metadata.json exists (Orbax's own tmp dirs and half-written dirs never do), and
-readers start from LATEST, which is replaced atomically after the version is whole.
+metadata.json exists (Orbax's tmp dirs, and on GCS its in-place half-written dirs, never
+do), and readers start from LATEST, which is replaced atomically after the version is whole.
+
+Who touches what: the arrays go through Orbax (TensorStore; on gs:// its own GCS client,
+pointed at an emulator by TENSORSTORE_GCS_HTTP_URL). Orbax's own small files go through
+etils.epath, which for gs:// needs `gcsfs`. Our commit markers, LATEST, listings and
+deletes go through `_Files`: os calls locally, google-cloud-storage on gs:// (honours
+STORAGE_EMULATOR_HOST). Not epath: gcsfs caches listings, so a long-lived poller saw
+neither new versions nor their markers (measured against the emulator).
 """
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ from typing import Any
 
 from etils import epath
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 LATEST = "LATEST"
@@ -29,29 +38,155 @@ _DIR_RE = re.compile(r"^(\d{8,})(\.orbax-checkpoint-tmp.*)?$")
 
 
 class StoreError(RuntimeError):
-    """The store is corrupt, or a requested version is missing or incomplete."""
+    """The store is corrupt or unreachable, or a requested version is missing or incomplete."""
 
 
-def _is_local(path: epath.Path) -> bool:
-    return "://" not in os.fspath(path)
-
-
-def _write_atomic(path: epath.Path, text: str) -> None:
-    """Replace `path` so a reader sees the old or the new content, never a mix."""
-    if not _is_local(path):
-        path.write_text(text)  # object stores (GCS) replace whole objects atomically
-        return
-    fd, tmp = tempfile.mkstemp(dir=os.fspath(path.parent), prefix=f".{path.name}.", suffix=".tmp")
+def disable_gcsfs_listing_cache() -> None:
+    """Orbax reaches gs:// through epath -> gcsfs, whose listing cache never expires: a
+    poller would miss steps/versions written by another process. Applies to gcsfs
+    instances created afterwards; an explicit user setting wins."""
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # data on disk before the rename makes it visible
-        os.replace(tmp, os.fspath(path))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        import fsspec.config
+    except ImportError:
+        return
+    fsspec.config.conf.setdefault("gs", {}).setdefault("use_listings_cache", False)
+
+
+disable_gcsfs_listing_cache()
+
+
+class _LocalFiles:
+    """Small-file operations on a local filesystem."""
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write_text(self, path: str, text: str) -> None:
+        """Replace `path` so a reader sees the old or the new content, never a mix."""
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())  # data on disk before the rename makes it visible
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def children(self, path: str) -> list[str]:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def delete(self, path: str) -> None:
+        if os.path.exists(path):
+            os.unlink(path)
+
+    def delete_tree(self, path: str) -> None:
+        epath.Path(path).rmtree(missing_ok=True)
+
+
+class _GcsFiles:
+    """The same operations on GCS via google-cloud-storage. Each upload replaces a whole
+    object, which GCS makes visible atomically; listings and reads are never cached."""
+
+    def __init__(self):
+        self._client = None  # created on first use: unpicklable, and reads env at creation
+
+    def _split(self, path: str) -> tuple[Any, str]:
+        if self._client is None:
+            from google.cloud import storage
+
+            self._client = storage.Client()
+        bucket, _, key = path.removeprefix("gs://").partition("/")
+        return self._client.bucket(bucket), key
+
+    def read_text(self, path: str) -> str | None:
+        from google.api_core import exceptions as gexc
+
+        bucket, key = self._split(path)
+        try:
+            return bucket.blob(key).download_as_bytes().decode()
+        except gexc.NotFound:
+            return None
+
+    def write_text(self, path: str, text: str) -> None:
+        bucket, key = self._split(path)
+        bucket.blob(key).upload_from_string(text.encode(), content_type="application/json")
+
+    def exists(self, path: str) -> bool:
+        bucket, key = self._split(path)
+        return bucket.blob(key).exists()
+
+    def children(self, path: str) -> list[str]:
+        """Names directly below path/ (objects and "directories")."""
+        bucket, key = self._split(path)
+        prefix = key.rstrip("/") + "/"
+        it = self._client.list_blobs(bucket, prefix=prefix, delimiter="/")
+        names = [b.name[len(prefix):] for b in it]  # consuming pages fills it.prefixes
+        return [n for n in names if n] + [p[len(prefix):].rstrip("/") for p in it.prefixes]
+
+    def delete(self, path: str) -> None:
+        from google.api_core import exceptions as gexc
+
+        bucket, key = self._split(path)
+        try:
+            bucket.blob(key).delete()
+        except gexc.NotFound:
+            pass
+
+    def delete_tree(self, path: str) -> None:
+        from google.api_core import exceptions as gexc
+
+        bucket, key = self._split(path)
+        for blob in self._client.list_blobs(bucket, prefix=key.rstrip("/") + "/"):
+            try:
+                blob.delete()
+            except gexc.NotFound:
+                pass  # deleted concurrently: the goal is reached anyway
+
+
+def files_for(root: str) -> _LocalFiles | _GcsFiles:
+    if root.startswith("gs://"):
+        return _GcsFiles()
+    if "://" in root:
+        raise ValueError(f"unsupported store root {root!r}: use a local path or gs://")
+    return _LocalFiles()
+
+
+def _cast_floats(tree: Any, dtype) -> Any:
+    """Floating leaves to dtype (bf16 halves what workers download); others unchanged."""
+    def cast(x):
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+            return x.astype(dtype)
+        return x
+    return jax.tree.map(cast, tree)
+
+
+def _to_target_dtypes(params: Any, target: Any) -> Any:
+    """Orbax honours the target dtype for jax targets, but restores numpy targets at the
+    stored dtype: cast float leaves (e.g. a bf16-published version) to what the target wants."""
+    def cast(got, want):
+        if (hasattr(want, "dtype") and hasattr(got, "dtype") and got.dtype != want.dtype
+                and jnp.issubdtype(got.dtype, jnp.floating) and jnp.issubdtype(want.dtype, jnp.floating)):
+            return got.astype(want.dtype)
+        return got
+    try:
+        return jax.tree.map(cast, params, target)
+    except ValueError:
+        return params  # structure differs: _check_matches reports it
 
 
 def _check_matches(params: Any, target: Any, what: str) -> None:
@@ -68,53 +203,75 @@ def _check_matches(params: Any, target: Any, what: str) -> None:
 
 
 class PolicyStore:
-    """Versioned params on disk; one writer (the learner), many pollers."""
+    """Versioned params on disk or GCS; one writer (the learner), many pollers."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = epath.Path(root)
         self.policies_dir = self.root / "policies"
+        self._files = files_for(os.fspath(self.root))
 
     def version_path(self, version: int) -> epath.Path:
         return self.policies_dir / f"{version:08d}"
 
+    def _marker(self, version: int) -> str:
+        return os.fspath(self.version_path(version) / METADATA)
+
+    def _call(self, what: str, fn, *args):
+        """Storage errors (network, permissions) become StoreError: pollers keep their
+        current version on a StoreError instead of dying."""
+        try:
+            return fn(*args)
+        except StoreError:
+            raise
+        except Exception as e:
+            if "google" not in type(e).__module__ and not isinstance(e, OSError):
+                raise
+            raise StoreError(f"{what} failed: {type(e).__name__}: {e}") from e
+
     # ---- writer -------------------------------------------------------------
-    def publish(self, version: int, params: Any, metadata: dict | None = None) -> epath.Path:
-        """Writes `params` as `version` and then points LATEST at it (blocking)."""
+    def publish(self, version: int, params: Any, metadata: dict | None = None, *, dtype=None) -> epath.Path:
+        """Writes `params` as `version` and then points LATEST at it (blocking).
+        dtype (e.g. jnp.bfloat16): store floating leaves in it; load casts back to the target."""
         if type(version) is not int or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
         current = self.latest_version()
         if current is not None and version <= current:
             raise ValueError(f"version {version} must be greater than LATEST version {current}")
-        path = self._write_version(version, params, metadata)
+        path = self._write_version(version, params, metadata, dtype=dtype)
         self._write_pointer(version)
         return path
 
-    def _write_version(self, version: int, params: Any, metadata: dict | None = None) -> epath.Path:
+    def _write_version(self, version: int, params: Any, metadata: dict | None = None, *, dtype=None) -> epath.Path:
         """Step 1 of publish: the complete version directory, not yet visible via LATEST."""
         path = self.version_path(version)
-        self.policies_dir.mkdir(parents=True, exist_ok=True)
+        if isinstance(self._files, _LocalFiles):
+            self.policies_dir.mkdir(parents=True, exist_ok=True)  # GCS has no directories
+        # A marker left by an earlier, never-published write of this version must not vouch
+        # for the data about to be rewritten: remove it before touching the data.
+        self._files.delete(self._marker(version))
+        if dtype is not None:
+            params = _cast_floats(params, dtype)
         # force=True: a leftover dir for this version (crash before LATEST) is unreferenced, so
         # overwriting it is safe. The context exit waits for the async save and finalisation.
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(path, params, force=True)
             ckptr.wait_until_finished()
-        meta = {"version": version, "written_at": time.time(), "metadata": metadata or {}}
-        _write_atomic(path / METADATA, json.dumps(meta))  # the per-version commit marker
+        meta = {"version": version, "written_at": time.time(), "metadata": metadata or {},
+                "dtype": None if dtype is None else np.dtype(dtype).name}
+        self._files.write_text(self._marker(version), json.dumps(meta))  # the per-version commit marker
         return path
 
     def _write_pointer(self, version: int) -> None:
         """Step 2 of publish: make `version` the one readers see."""
         pointer = {"version": version, "path": os.fspath(self.version_path(version)), "written_at": time.time()}
-        self.root.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.root / LATEST, json.dumps(pointer))
+        self._files.write_text(os.fspath(self.root / LATEST), json.dumps(pointer))
 
     # ---- readers ------------------------------------------------------------
     def latest_version(self) -> int | None:
         """The version LATEST points at, or None before the first publish."""
-        path = self.root / LATEST
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
+        path = os.fspath(self.root / LATEST)
+        text = self._call(f"reading {path}", self._files.read_text, path)
+        if text is None:
             return None
         try:
             version = json.loads(text)["version"]
@@ -125,17 +282,18 @@ class PolicyStore:
         return version
 
     def is_complete(self, version: int) -> bool:
-        return (self.version_path(version) / METADATA).exists()
+        return self._call("checking a version marker", self._files.exists, self._marker(version))
 
     def versions(self) -> list[int]:
-        """Complete versions on disk, ascending (some may be newer than LATEST)."""
-        return sorted(v for v, tmp, p in self._scan() if tmp is None and (p / METADATA).exists())
+        """Complete versions, ascending (some may be newer than LATEST)."""
+        return sorted(v for v, tmp, _ in self._scan() if tmp is None and self.is_complete(v))
 
     def read_metadata(self, version: int) -> dict:
+        text = self._call(f"reading metadata of version {version}", self._files.read_text, self._marker(version))
+        if text is None:
+            raise StoreError(f"policy version {version} is missing or incomplete")
         try:
-            return json.loads((self.version_path(version) / METADATA).read_text())
-        except FileNotFoundError:
-            raise StoreError(f"policy version {version} is missing or incomplete") from None
+            return json.loads(text)
         except ValueError as e:
             raise StoreError(f"corrupt metadata for policy version {version}: {e}") from None
 
@@ -151,6 +309,7 @@ class PolicyStore:
                 params = ckptr.restore(path, target)
         except Exception as e:  # orbax raises many types; callers need one
             raise StoreError(f"cannot restore policy version {version} from {path}: {e}") from e
+        params = _to_target_dtypes(params, target)
         _check_matches(params, target, f"policy version {version}")
         return params
 
@@ -163,13 +322,9 @@ class PolicyStore:
     # ---- housekeeping -------------------------------------------------------
     def _scan(self) -> list[tuple[int, str | None, epath.Path]]:
         """(version, tmp suffix or None, path) for every version-like dir."""
-        if not self.policies_dir.exists():
-            return []
-        out = []
-        for child in self.policies_dir.iterdir():
-            if m := _DIR_RE.match(child.name):
-                out.append((int(m.group(1)), m.group(2), child))
-        return out
+        names = self._call("listing versions", self._files.children, os.fspath(self.policies_dir))
+        return [(int(m.group(1)), m.group(2), self.policies_dir / name)
+                for name in names if (m := _DIR_RE.match(name))]
 
     def gc(self, keep: int) -> list[int]:
         """Deletes all but the `keep` newest versions at or below LATEST (LATEST itself is
@@ -186,6 +341,9 @@ class PolicyStore:
         for v, tmp, path in self._scan():
             abandoned = (tmp is not None and v <= latest) or (tmp is None and v < latest and v not in complete)
             if abandoned or (tmp is None and v in doomed):
-                path.rmtree(missing_ok=True)
+                # Marker first: a crash mid-delete leaves an incomplete dir, never a broken "complete" one.
+                if tmp is None:
+                    self._files.delete(self._marker(v))
+                self._files.delete_tree(os.fspath(path))
                 deleted.append(v)
         return sorted(set(deleted))

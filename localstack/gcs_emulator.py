@@ -1,0 +1,188 @@
+"""A local Cloud Storage server (the `gcp-storage-emulator` package) for demos and tests.
+
+    with GcsEmulator(bucket="policies") as gcs:
+        gcs.apply_env()          # for clients in this process
+        subprocess.run([...], env={**os.environ, **gcs.env()})
+
+Clients find it through environment variables, read when a client is created:
+- google-cloud-storage: STORAGE_EMULATOR_HOST (it then uses anonymous credentials);
+- TensorStore's gcs driver (what Orbax writes through): TENSORSTORE_GCS_HTTP_URL, plus
+  GOOGLE_AUTH_TOKEN_FOR_TESTING so it sends a fixed bearer token instead of looking
+  for Application Default Credentials (the emulator accepts any token).
+The server runs in-memory in its own process group; stop() kills the whole group.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from localstack.processes import ProcessGroup
+
+DEFAULT_PROJECT = "local-agentic-rl"
+DEFAULT_BUCKET = "local-policy-store"
+ENV_KEYS = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GOOGLE_CLOUD_PROJECT")
+_PORT_IN_USE = "Address already in use"
+
+
+class GcsEmulatorError(RuntimeError):
+    """The emulator is not installed or did not come up."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class GcsEmulator:
+    def __init__(self, bucket: str = DEFAULT_BUCKET, project: str = DEFAULT_PROJECT, *,
+                 log_dir: str | os.PathLike | None = None, startup_timeout_s: float = 30.0,
+                 verbose: bool = False):
+        self.bucket, self.project = bucket, project
+        self.startup_timeout_s, self.verbose = startup_timeout_s, verbose
+        self._owns_dir = log_dir is None
+        self._dir = Path(log_dir) if log_dir else None
+        self.url: str | None = None
+        self._group: ProcessGroup | None = None
+        self._saved_env: dict[str, str | None] | None = None
+        # The emulator is local: never route it through an HTTP(S)_PROXY from the environment.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    @property
+    def pid(self) -> int | None:
+        return self._group.pid if self._group else None
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> "GcsEmulator":
+        if self._group is not None:
+            return self
+        try:
+            import gcp_storage_emulator  # noqa: F401  (fail fast with a clear message)
+        except ImportError as e:
+            raise GcsEmulatorError("`pip install gcp-storage-emulator` (in the test extras)") from e
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="gcs-emulator-"))
+        self._dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):  # a probed-free port can be taken before the server binds it
+            try:
+                self._spawn_and_wait(free_port())
+                break
+            except GcsEmulatorError as err:
+                if attempt == 2 or _PORT_IN_USE not in str(err):
+                    raise
+        atexit.register(self.stop)  # last resort if nobody calls stop()
+        self.create_bucket(self.bucket)
+        return self
+
+    def _spawn_and_wait(self, port: int) -> None:
+        cmd = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
+               f"--port={port}", "--in-memory"] + ([] if self.verbose else ["--quiet"])
+        # cwd: the emulator may create ./.cloudstorage even in memory mode; keep it in our dir.
+        self._group = ProcessGroup(cmd, self._dir / f"gcs-emulator-{port}.log",
+                                   env=dict(os.environ), cwd=str(self._dir)).start()
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            log = self._group.log_tail(20000)
+            # A failed bind kills only the server thread; the process would idle forever
+            # and whoever holds the port would answer our probe: check the log first.
+            if self._group.poll() is not None or _PORT_IN_USE in log:
+                self._fail(f"gcs emulator failed to start:\n{log[-3000:]}")
+            with contextlib.suppress(OSError):
+                with self._opener.open(f"{self.url}/", timeout=1.0) as resp:
+                    if resp.status == 200 and resp.read() == b"OK":
+                        return
+            if time.monotonic() > deadline:
+                self._fail(f"gcs emulator not ready after {self.startup_timeout_s}s:\n{log[-3000:]}")
+            time.sleep(0.05)
+
+    def _fail(self, message: str):
+        self._group.stop()
+        self._group = self.url = None
+        raise GcsEmulatorError(message)
+
+    def stop(self) -> None:
+        """Kill the process group and restore the environment. Idempotent."""
+        atexit.unregister(self.stop)
+        self.restore_env()
+        if self._group is not None:
+            self._group.stop(term_grace_s=2.0)
+        self._group = self.url = None
+        if self._owns_dir and self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> "GcsEmulator":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- environment
+    def env(self) -> dict[str, str]:
+        if self.url is None:
+            raise RuntimeError("emulator not started")
+        return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url,
+                "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator-token",
+                "GOOGLE_CLOUD_PROJECT": self.project}
+
+    def apply_env(self) -> dict[str, str]:
+        """Set env() in os.environ; restore_env() (or stop()) puts the old values back."""
+        values = self.env()
+        if self._saved_env is None:
+            self._saved_env = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+        return values
+
+    def restore_env(self) -> None:
+        for key, old in (self._saved_env or {}).items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        self._saved_env = None
+
+    def uri(self, *parts: str) -> str:
+        """gs://<bucket>/<parts...>"""
+        return "/".join([f"gs://{self.bucket}", *parts])
+
+    # -------------------------------------------------------------------- admin
+    def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with self._opener.open(req, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def create_bucket(self, name: str) -> None:
+        status, body = self._request("POST", f"/storage/v1/b?project={self.project}", {"name": name})
+        if status not in (200, 409):  # 409: it exists already
+            raise GcsEmulatorError(f"creating bucket {name}: HTTP {status} {body[:300]!r}")
+
+    def list_objects(self, prefix: str = "", bucket: str | None = None) -> list[str]:
+        """Object names under prefix (all pages); for tests and debugging."""
+        names, token = [], ""
+        while True:
+            q = urllib.parse.urlencode({"prefix": prefix, **({"pageToken": token} if token else {})})
+            status, body = self._request("GET", f"/storage/v1/b/{bucket or self.bucket}/o?{q}")
+            if status != 200:
+                raise GcsEmulatorError(f"listing {prefix}: HTTP {status} {body[:300]!r}")
+            page = json.loads(body)
+            names += [item["name"] for item in page.get("items", [])]
+            if not (token := page.get("nextPageToken")):
+                return names

@@ -1,0 +1,88 @@
+"""Wires the learner job from its flags: shapes, learner, store, warm start, feeder,
+consumer, credits and staleness control (Acme-style builder: roles stay visible)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import environments
+from trainer.config import ModelConfig, RecordShape, model_config
+from trainer.consumer import RecordConsumer
+from trainer.feeder import CreditConfig, Feeder, TrajectoryCredits
+from trainer.learner import Learner, LearnerConfig
+from trainer.run_stats import RunStats
+from trainer.staleness import StalenessConfig, StalenessControl
+from trainer.store import PolicyStore
+from trainer.warmstart import warm_start
+
+log = logging.getLogger("trainer")
+
+
+@dataclasses.dataclass
+class LearnerJob:
+    model_cfg: ModelConfig
+    shapes: list[RecordShape]
+    learner: Learner
+    store: PolicyStore
+    feeder: Feeder
+    consumer: RecordConsumer
+    credits: TrajectoryCredits
+    staleness: StalenessControl
+    stats: RunStats
+    buffers: dict  # (rows, seq_len) -> records ready to train, oldest first
+    version: int  # the newest published policy version
+
+    def policy_metadata(self) -> dict:
+        return {"model_config": self.model_cfg.to_dict(), "step": self.learner.steps}
+
+    def take_batch(self) -> list | None:
+        """batch_records records of one shape, oldest first, once they are fresh enough.
+        Records that went stale while buffered (the version moved on) are dropped here."""
+        n = self.learner.cfg.batch_records
+        for shape, buffer in self.buffers.items():
+            buffer[:] = [r for r in buffer if self.staleness.admit_again(r, self.version)]
+            if len(buffer) >= n and not self.staleness.should_wait(buffer[:n], self.version):
+                batch = buffer[:n]
+                del buffer[:n]
+                return batch
+        return None
+
+
+def load_prompts(args):
+    """Training prompts: the environment's TFDS dataset when --data_dir is given (built
+    there from the local generator on first use; nothing is downloaded), else generated."""
+    environments.load_entry_points()  # environments from installed plugin packages
+    if not args.data_dir:
+        return environments.make_tasks(args.env, args.task_seed, 1000, "train")
+    from environments import datasets
+
+    datasets.build(args.env, args.data_dir, seed=args.task_seed)
+    return list(datasets.load_tasks(args.env, "train", args.data_dir))
+
+
+def build_job(args) -> LearnerJob:
+    buckets = sorted({int(b) for b in args.buckets.split(",")}) if args.buckets else [args.seq_len]
+    shapes = [RecordShape(args.rows, b, args.max_segments_per_row) for b in buckets]
+    cfg = LearnerConfig(batch_records=args.batch_records, learning_rate=args.learning_rate,
+                        publish_every=args.publish_every, seed=args.seed)
+    # Same rows and segments per row in every bucket, so one credit rule covers them all.
+    credits_cfg = CreditConfig(args.max_batches_ahead, args.batch_records, shapes[-1], args.group_size)
+    staleness = StalenessControl(StalenessConfig(args.max_staleness, args.max_mean_staleness))
+    mcfg = model_config(args.model_config)
+    store, learner = PolicyStore(args.policy_root), Learner(mcfg, cfg)
+    tasks = load_prompts(args)
+    if args.warmstart_steps:
+        learner.params, losses = warm_start(learner.graphdef, learner.params, args.env, tasks,
+                                            args.warmstart_steps, seed=args.seed)
+        log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    version = (store.latest_version() or -1) + 1  # never re-publish an existing version
+    job = LearnerJob(mcfg, shapes, learner, store, feeder=None, consumer=None,
+                     credits=TrajectoryCredits(credits_cfg.window), staleness=staleness,
+                     stats=RunStats(learner_version=version), buffers={(s.rows, s.seq_len): [] for s in shapes},
+                     version=version)
+    store.publish(version, learner.params_dict(), job.policy_metadata())
+    job.feeder = Feeder(args.requests_topic, tasks, job.credits, args.group_size, args.env, args.env_config,
+                        min_version=lambda: staleness.cfg.min_request_version(job.version))
+    job.consumer = RecordConsumer(args.records_subscription, {(s.rows, s.seq_len) for s in shapes},
+                                  args.dead_letter_topic)
+    return job
