@@ -5,7 +5,9 @@ thread of a process shares one KV cache, one copy of the parameters and one engi
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import environments
 from pipelines.engine import InferenceEngine
@@ -33,4 +35,17 @@ class RolloutWorker:
         self.sampler.warmup(self.policy.params)  # compile before the first episode
         self.policy.start_polling()
         self.engine = InferenceEngine(self.sampler, lambda: self.policy.current, self.limits.max_tokens)
+        self.version_wait_s = opts.policy_wait_s
         log.info("rollout worker ready: %d slots, policy version %d", engine_opts.engine_slots, self.policy.version)
+
+    async def wait_for_version(self, version: int) -> bool:
+        """Waits (without blocking other episodes) until the background poller has loaded
+        at least `version`, the request's staleness bound. False after the timeout: the
+        request then runs anyway and the learner's staleness filter has the last word."""
+        deadline = time.monotonic() + self.version_wait_s
+        while self.policy.version < version:
+            if time.monotonic() > deadline:
+                log.warning("policy version %d not reached (have %d); running anyway", version, self.policy.version)
+                return False
+            await asyncio.sleep(0.05)
+        return True
