@@ -31,6 +31,7 @@ class LearnerJob:
     stats: RunStats
     buffers: dict  # (rows, seq_len) -> records ready to train, oldest first
     version: int  # the newest published policy version
+    peak_flops: float | None = None  # the devices' peak FLOP/s, for utilisation
 
     def policy_metadata(self) -> dict:
         return {"model_config": self.model_cfg.to_dict(), "step": self.learner.steps}
@@ -79,7 +80,7 @@ def build_job(args) -> LearnerJob:
     job = LearnerJob(mcfg, shapes, learner, store, feeder=None, consumer=None,
                      credits=TrajectoryCredits(credits_cfg.window), staleness=staleness,
                      stats=RunStats(learner_version=version), buffers={(s.rows, s.seq_len): [] for s in shapes},
-                     version=version)
+                     version=version, peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
     store.publish(version, learner.params_dict(), job.policy_metadata())
     job.feeder = Feeder(args.requests_topic, tasks, job.credits, args.group_size, args.env, args.env_config,
                         min_version=lambda: staleness.cfg.min_request_version(job.version))

@@ -88,6 +88,17 @@ class Learner:
             self._batch_sharding = sharding.batch_sharding(mesh)
             self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, opt_shardings, None))
         self.steps = 0
+        self._flops: dict[tuple, float] = {}  # per batch shape, from XLA's cost analysis
+
+    def step_flops(self, records: list[PackedRecord]) -> float:
+        """FLOPs of one compiled step for this batch shape (all devices), measured once."""
+        batch = batch_from_records(records)
+        key = batch["tokens"].shape
+        if key not in self._flops:
+            cost = self._step.lower(self.params, self.opt_state, batch).compile().cost_analysis()
+            cost = cost[0] if isinstance(cost, list) else cost
+            self._flops[key] = float(cost.get("flops", 0.0)) * (self.mesh.size if self.mesh else 1)
+        return self._flops[key]
 
     def train_step(self, records: list[PackedRecord]) -> dict[str, float]:
         if len(records) != self.cfg.batch_records:

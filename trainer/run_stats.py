@@ -18,6 +18,9 @@ class RunStats:
         self.record_versions = collections.Counter()  # max policy version in each record
         self.versions_published = [learner_version]
         self.last_metrics: dict[str, float] = {}
+        self.trained_tokens = 0
+        self.trained_loss_tokens = 0
+        self.flops = 0.0
 
     def on_record(self, rec, learner_version: int) -> None:
         self.records += 1
@@ -29,10 +32,13 @@ class RunStats:
             self.rewards.append(t.reward)
             self.statuses[t.status] += 1
 
-    def on_step(self, step_fn) -> dict[str, float]:
+    def on_step(self, learner, batch) -> dict[str, float]:
+        self.flops += learner.step_flops(batch)  # compiled once per shape, outside the timing
         t0 = time.monotonic()
-        self.last_metrics = step_fn()
+        self.last_metrics = learner.train_step(batch)
         self.step_time_s += time.monotonic() - t0
+        self.trained_tokens += sum(r.num_tokens for r in batch)
+        self.trained_loss_tokens += sum(r.num_loss_tokens for r in batch)
         return self.last_metrics
 
     def mean_reward(self) -> float:
@@ -64,5 +70,10 @@ class RunStats:
             "compiled_train_steps": learner.compiled_variants(),
             "wall_s": round(wall, 2),
             "learner_duty_cycle": round(self.step_time_s / wall, 4) if wall else 0.0,
+            "trained_tokens_per_s": round(self.trained_tokens / wall, 1) if wall else 0.0,
+            "trained_tokens_per_step_s": round(self.trained_tokens / self.step_time_s, 1) if self.step_time_s else 0.0,
+            "step_tflops_per_s": round(self.flops / self.step_time_s / 1e12, 6) if self.step_time_s else 0.0,
+            "mfu": (round(self.flops / self.step_time_s / job.peak_flops, 6)
+                    if self.step_time_s and job.peak_flops else None),
             "last_metrics": {k: round(v, 5) for k, v in self.last_metrics.items()},
         }

@@ -50,6 +50,8 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmstart_steps", type=int, default=0,
                    help="behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)")
+    p.add_argument("--peak_tflops", type=float, default=None,
+                   help="the accelerator's peak, for model-FLOPs utilisation (e.g. 197 per v5e chip)")
     p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
     return p.parse_args(argv)
 
@@ -71,7 +73,7 @@ def run(args) -> dict:
                     job.buffers[rec.shape].append(rec)  # one shape per batch: one compile per bucket
             job.credits.release(job.consumer.take_dropped())
             while learner.steps < args.max_steps and (batch := job.take_batch()):
-                metrics = stats.on_step(lambda: learner.train_step(batch))
+                metrics = stats.on_step(learner, batch)
                 if learner.steps % learner.cfg.publish_every == 0:
                     job.version += 1
                     store.publish(job.version, learner.params_dict(), job.policy_metadata())
