@@ -18,7 +18,7 @@ from environments.tool_calls import TURN_STOP_STRINGS
 from pipelines.engine import InferenceEngine, Sequence
 from pipelines.trajectory import Trajectory
 from trainer import tokenizer
-from trainer.losses import group_relative_advantages
+from trainer.losses import ADVANTAGE_ESTIMATORS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +98,9 @@ async def _env_step(env, action, out: _Outcome, limits: EpisodeLimits, deadline:
 
 
 async def run_group(engine: InferenceEngine, envs: list[Environment], task: Task, request_id: str,
-                    limits: EpisodeLimits) -> list[Trajectory]:
+                    limits: EpisodeLimits, advantage_estimator: str = "grpo") -> list[Trajectory]:
     outcomes = await asyncio.gather(*(run_episode(engine, env, task, limits) for env in envs))
-    advantages = group_relative_advantages([o.reward for o in outcomes])
+    advantages = ADVANTAGE_ESTIMATORS[advantage_estimator]([o.reward for o in outcomes])
     finished_at = time.time()
     return [
         Trajectory(

@@ -21,6 +21,8 @@ class RolloutOptions(PipelineOptions):
         parser.add_argument("--seq_len", type=int, default=256)
         parser.add_argument("--max_segments_per_row", type=int, default=2)
         parser.add_argument("--max_new_tokens_per_turn", type=int, default=32)
+        parser.add_argument("--advantage_estimator", default="grpo", choices=["grpo", "rloo", "dr_grpo"],
+                            help="group-relative advantages, computed once a group is complete")
         parser.add_argument("--policy_poll_s", type=float, default=1.0)
         parser.add_argument("--policy_wait_s", type=float, default=300.0,
                             help="how long a worker waits for the first policy version")

@@ -36,6 +36,7 @@ class RolloutWorker:
         self.policy.start_polling()
         self.engine = InferenceEngine(self.sampler, lambda: self.policy.current, self.limits.max_tokens)
         self.version_wait_s = opts.policy_wait_s
+        self.advantage_estimator = opts.advantage_estimator
         log.info("rollout worker ready: %d slots, policy version %d", engine_opts.engine_slots, self.policy.version)
 
     async def wait_for_version(self, version: int) -> bool:

@@ -68,7 +68,8 @@ class EpisodeGroupFn(beam.DoFn):
             task = environments.Task.from_json_dict(req.task)
             envs = [environments.make(req.env, **req.env_config) for _ in range(req.group_size)]
             await self.worker.wait_for_version(req.min_policy_version)
-            return [await run_group(self.worker.engine, envs, task, req.request_id, self.worker.limits)]
+            return [await run_group(self.worker.engine, envs, task, req.request_id, self.worker.limits,
+                                    self.worker.advantage_estimator)]
         except Exception as e:  # noqa: BLE001 - bad request or env failing in reset(): this request only
             log.warning("request %s dead-lettered: %s: %s", req.request_id, type(e).__name__, e)
             return [beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))]

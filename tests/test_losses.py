@@ -1,5 +1,6 @@
-"""RL losses against hand-computed numbers: GRPO advantages, the clipped PPO loss,
-its metrics and gradient, and entropy."""
+"""RL losses against hand-computed numbers: the advantage estimators (GRPO, RLOO,
+Dr. GRPO), the clipped PPO loss, its metrics and gradient, and entropy. The off-policy
+losses (aggregation, GSPO, TIS, decoupled PPO, KL) are in test_losses_offpolicy.py."""
 import math
 
 import jax
@@ -7,7 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trainer.losses import entropy, group_relative_advantages, masked_mean, ppo_clipped_loss
+from trainer.losses import (
+    ADVANTAGE_ESTIMATORS,
+    LOG_RATIO_CLAMP,
+    dr_grpo_advantages,
+    entropy,
+    group_relative_advantages,
+    grpo_advantages,
+    masked_mean,
+    ppo_clipped_loss,
+    rloo_advantages,
+)
 
 
 # ----------------------------------------------------------------------------- GRPO advantages
@@ -46,6 +57,62 @@ def test_advantages_sum_to_zero_and_have_unit_std():
         adv = group_relative_advantages(r)
         assert abs(adv.sum()) < 1e-4
         assert abs(adv.std() - 1.0) < 1e-4
+
+
+# ----------------------------------------------------------------------------- RLOO and Dr. GRPO
+def test_rloo_by_hand():
+    # r_i - mean of the others. [1,0,0,1]: 1 - 1/3 = 2/3, 0 - 2/3 = -2/3.
+    np.testing.assert_allclose(rloo_advantages([1, 0, 0, 1]), [2 / 3, -2 / 3, -2 / 3, 2 / 3], atol=1e-6)
+    # [1,2,3]: 1 - 2.5, 2 - 2, 3 - 1.5
+    np.testing.assert_allclose(rloo_advantages([1.0, 2.0, 3.0]), [-1.5, 0.0, 1.5], atol=1e-6)
+    # one success in four: 1 - 0 = 1; 0 - 1/3
+    np.testing.assert_allclose(rloo_advantages([0, 0, 1, 0]), [-1 / 3, -1 / 3, 1.0, -1 / 3], atol=1e-6)
+    # two samples: each one's baseline is the other
+    np.testing.assert_allclose(rloo_advantages([3.0, 5.0]), [-2.0, 2.0], atol=1e-6)
+    np.testing.assert_allclose(rloo_advantages([0, 1]), [-1.0, 1.0], atol=1e-6)
+
+
+def test_dr_grpo_by_hand():
+    np.testing.assert_allclose(dr_grpo_advantages([1, 0, 0, 1]), [0.5, -0.5, -0.5, 0.5], atol=1e-6)
+    np.testing.assert_allclose(dr_grpo_advantages([1.0, 2.0, 3.0]), [-1.0, 0.0, 1.0], atol=1e-6)
+    np.testing.assert_allclose(dr_grpo_advantages([0, 0, 1, 0]), [-0.25, -0.25, 0.75, -0.25], atol=1e-6)
+    np.testing.assert_allclose(dr_grpo_advantages([3.0, 5.0]), [-1.0, 1.0], atol=1e-6)
+    # no std: scaling the rewards scales the advantages (GRPO would not change)
+    np.testing.assert_allclose(dr_grpo_advantages([0.0, 10.0]), [-5.0, 5.0], atol=1e-5)
+    np.testing.assert_allclose(grpo_advantages([0.0, 10.0]), [-1.0, 1.0], atol=1e-5)
+
+
+def test_grpo_two_samples_and_alias():
+    # mean 4, population std 1
+    np.testing.assert_allclose(grpo_advantages([3.0, 5.0]), [-1.0, 1.0], atol=1e-5)
+    assert group_relative_advantages is grpo_advantages
+    assert ADVANTAGE_ESTIMATORS == {"grpo": grpo_advantages, "rloo": rloo_advantages, "dr_grpo": dr_grpo_advantages}
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("rewards", [[0.0] * 4, [1.0] * 8, [0.1] * 3, [-7.25, -7.25], [1e6] * 5, [0.3] * 16, [3.5]])
+def test_every_estimator_gives_exact_zeros_without_signal(name, rewards):
+    adv = ADVANTAGE_ESTIMATORS[name](rewards)
+    assert adv.dtype == np.float32 and adv.shape == (len(rewards),)
+    assert (adv == 0.0).all()  # exact: the packer drops zero-signal groups by this test
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_every_estimator_handles_empty_and_int_groups(name):
+    empty = ADVANTAGE_ESTIMATORS[name]([])
+    assert empty.shape == (0,) and empty.dtype == np.float32
+    out = ADVANTAGE_ESTIMATORS[name](np.array([1, 0, 0, 1], dtype=np.int64))
+    assert out.dtype == np.float32 and out.shape == (4,) and out[0] > 0 > out[1]
+
+
+def test_rloo_is_scaled_centred_rewards():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        r = rng.normal(size=int(rng.integers(2, 17))) * 5
+        n = r.size
+        np.testing.assert_allclose(rloo_advantages(r), n / (n - 1) * (r - r.mean()), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dr_grpo_advantages(r), r - r.mean(), rtol=1e-5, atol=1e-5)
+        assert abs(rloo_advantages(r).sum()) < 1e-4
 
 
 # ----------------------------------------------------------------------------- PPO clipped loss
@@ -88,10 +155,11 @@ def test_ppo_clipped_loss_by_hand():
     assert float(m["losses/clipfrac"]) == pytest.approx(5 / 8, abs=1e-6)
     kl = sum((r - 1) - math.log(r) for r, *_ in CASES) / n
     assert float(m["losses/approx_kl"]) == pytest.approx(kl, abs=1e-5)
-    assert float(m["losses/ratio_mean"]) == pytest.approx(sum(c[0] for c in CASES) / n, abs=1e-5)
-    assert float(m["losses/ratio_max"]) == pytest.approx(1.5, abs=1e-5)  # the masked e^30 is ignored
-    assert set(m) == {"losses/policy_loss", "losses/approx_kl", "losses/clipfrac", "losses/ratio_mean",
-                      "losses/ratio_max"}
+    assert float(m["losses/importance_weight_mean"]) == pytest.approx(sum(c[0] for c in CASES) / n, abs=1e-5)
+    assert float(m["losses/importance_weight_max"]) == pytest.approx(1.5, abs=1e-5)  # the masked e^30 is ignored
+    assert float(m["losses/total_loss"]) == pytest.approx(-0.275, abs=1e-5)  # no KL term
+    assert set(m) == {"losses/policy_loss", "losses/total_loss", "losses/approx_kl", "losses/clipfrac",
+                      "losses/importance_weight_mean", "losses/importance_weight_max"}
 
 
 def test_ppo_clipped_loss_gradient_by_hand():
@@ -113,7 +181,7 @@ def test_ppo_on_policy_is_minus_mean_advantage():
     assert float(loss) == pytest.approx(expected, abs=1e-5)
     assert float(m["losses/approx_kl"]) == pytest.approx(0.0, abs=1e-7)
     assert float(m["losses/clipfrac"]) == 0.0
-    assert float(m["losses/ratio_mean"]) == pytest.approx(1.0, abs=1e-6)
+    assert float(m["losses/importance_weight_mean"]) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_all_zero_mask_gives_zero_loss_and_finite_gradient():
@@ -146,10 +214,15 @@ def test_extreme_ratios_stay_finite(log_ratio, advantage):
     assert float(m["losses/clipfrac"]) == pytest.approx(0.25)
     grad = jax.grad(lambda lp: ppo_clipped_loss(lp, behaviour, adv, mask, 0.2, 0.2)[0])(logp)
     assert np.isfinite(np.asarray(grad)).all()
-    # Expected min term for the extreme token: the pessimistic side of the clip.
-    r = math.exp(log_ratio)
+    # Expected min term for the extreme token: the pessimistic side of the clip, with the
+    # log-ratio clamped to +-20 first (so e^50 * A never reaches the sum or the grad norm).
+    assert LOG_RATIO_CLAMP == 20.0
+    r = math.exp(max(min(log_ratio, 20.0), -20.0))
     extreme = min(r * advantage, min(max(r, 0.8), 1.2) * advantage)
     assert float(loss) == pytest.approx(-(3 * advantage + extreme) / 4, rel=1e-5)
+    # Ratio-1 tokens are inside the clip: gradient -A/4. The extreme token is past the clamp
+    # (or clipped, or has ratio e^-20): its gradient is 0 up to e^-20 * A / 4.
+    np.testing.assert_allclose(np.asarray(grad)[0], [-advantage / 4, 0.0, -advantage / 4, -advantage / 4], atol=1e-7)
 
 
 def test_masked_mean():

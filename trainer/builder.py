@@ -10,6 +10,7 @@ from trainer.config import ModelConfig, RecordShape, model_config
 from trainer.consumer import RecordConsumer
 from trainer.feeder import CreditConfig, Feeder, TrajectoryCredits
 from trainer.learner import Learner, LearnerConfig
+from trainer.losses import LossConfig
 from trainer.run_stats import RunStats
 from trainer.staleness import StalenessConfig, StalenessControl
 from trainer.store import PolicyStore
@@ -64,8 +65,11 @@ def load_prompts(args):
 def build_job(args) -> LearnerJob:
     buckets = sorted({int(b) for b in args.buckets.split(",")}) if args.buckets else [args.seq_len]
     shapes = [RecordShape(args.rows, b, args.max_segments_per_row) for b in buckets]
+    loss = LossConfig(algorithm=args.loss, eps_low=args.eps_low, eps_high=args.eps_high,
+                      aggregation=args.aggregation, max_segments=args.max_segments_per_row,
+                      tis_cap=args.tis_cap, kl_coef=args.kl_coef, kl_estimator=args.kl_estimator)
     cfg = LearnerConfig(batch_records=args.batch_records, learning_rate=args.learning_rate,
-                        publish_every=args.publish_every, seed=args.seed)
+                        publish_every=args.publish_every, seed=args.seed, loss=loss)
     # Same rows and segments per row in every bucket, so one credit rule covers them all.
     credits_cfg = CreditConfig(args.max_batches_ahead, args.batch_records, shapes[-1], args.group_size)
     staleness = StalenessControl(StalenessConfig(args.max_staleness, args.max_mean_staleness))
@@ -76,6 +80,8 @@ def build_job(args) -> LearnerJob:
         learner.params, losses = warm_start(learner.graphdef, learner.params, args.env, tasks,
                                             args.warmstart_steps, seed=args.seed)
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    if loss.kl_coef > 0:
+        learner.set_reference(learner.params)  # the policy RL starts from, loaded once
     version = (store.latest_version() or -1) + 1  # never re-publish an existing version
     job = LearnerJob(mcfg, shapes, learner, store, feeder=None, consumer=None,
                      credits=TrajectoryCredits(credits_cfg.window), staleness=staleness,

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -23,17 +24,14 @@ BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_lo
 class LearnerConfig:
     batch_records: int = 2  # records per step; a step sees batch_records * rows sequences
     learning_rate: float = 3e-4
-    eps_low: float = 0.2
-    eps_high: float = 0.28
     max_grad_norm: float = 1.0
     publish_every: int = 5  # steps between policy versions
     seed: int = 0
+    loss: losses.LossConfig = dataclasses.field(default_factory=losses.LossConfig)
 
     def __post_init__(self):
         if self.batch_records < 1:
             raise ValueError(f"batch_records must be >= 1, got {self.batch_records}")
-        if not 0 < self.eps_low < 1 or self.eps_high <= 0:
-            raise ValueError(f"need 0 < eps_low < 1 and eps_high > 0, got {self.eps_low}, {self.eps_high}")
         if self.learning_rate <= 0 or self.max_grad_norm <= 0:
             raise ValueError("learning_rate and max_grad_norm must be positive")
         if self.publish_every < 1:
@@ -45,23 +43,34 @@ def batch_from_records(records: list[PackedRecord]) -> dict[str, np.ndarray]:
     return {f: np.concatenate([getattr(r, f) for r in records], axis=0) for f in BATCH_FIELDS}
 
 
-def _loss_fn(graphdef, params, batch, eps_low, eps_high):
-    model = nnx.merge(graphdef, params)
-    logits = model(batch["tokens"], batch["segment_ids"], batch["positions"])
-    logp = token_logprobs(logits, batch["tokens"])
+def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch):
+    def logprobs(p):
+        logits = nnx.merge(graphdef, p)(batch["tokens"], batch["segment_ids"], batch["positions"])
+        return logits, token_logprobs(logits, batch["tokens"])
+
+    logits, logp = logprobs(params)
+    # One update per batch: the proximal policy (params before this update) is these params.
+    proximal = jax.lax.stop_gradient(logp) if cfg.needs_proximal else None
+    ref = jax.lax.stop_gradient(logprobs(ref_params)[1]) if cfg.kl_coef > 0 else None
     mask = batch["loss_mask"].astype(np.float32)
-    loss, metrics = losses.ppo_clipped_loss(
-        logp, batch["behaviour_logprobs"], batch["advantages"], mask, eps_low, eps_high)
+    loss, metrics = losses.policy_loss(logp, batch["behaviour_logprobs"], batch["advantages"], mask,
+                                       batch["segment_ids"], cfg, proximal_logp=proximal, ref_logp=ref)
     metrics["losses/entropy"] = losses.entropy(logits, mask)
     return loss, metrics
 
 
-def _train_step(graphdef, tx, eps_low, eps_high, params, opt_state, batch):
-    grad_fn = jax.value_and_grad(functools.partial(_loss_fn, graphdef), has_aux=True)
-    (loss, metrics), grads = grad_fn(params, batch, eps_low, eps_high)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    metrics["losses/grad_norm"] = optax.global_norm(grads)
-    return optax.apply_updates(params, updates), opt_state, metrics
+def _train_step(graphdef, tx, cfg, params, opt_state, ref_params, batch):
+    grad_fn = jax.value_and_grad(functools.partial(_loss_fn, graphdef, cfg), has_aux=True)
+    (loss, metrics), grads = grad_fn(params, ref_params, batch)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    # A non-finite loss or gradient (logits overflowing, say) must not reach the weights:
+    # skip the update, keep the optimizer state, count it.
+    ok = losses.all_finite(loss, grads)
+    new_params = jax.tree.map(lambda n, o: jnp.where(ok, n, o), optax.apply_updates(params, updates), params)
+    new_opt_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_opt_state, opt_state)
+    metrics["losses/grad_norm"] = optax.tree.norm(grads)
+    metrics["losses/skipped_nonfinite"] = 1.0 - ok.astype(jnp.float32)
+    return new_params, new_opt_state, metrics
 
 
 class Learner:
@@ -72,7 +81,9 @@ class Learner:
         self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
         self.graphdef, params = split_params(init_model(model_cfg, cfg.seed))
         tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(cfg.learning_rate))
-        step = functools.partial(_train_step, self.graphdef, tx, cfg.eps_low, cfg.eps_high)
+        step = functools.partial(_train_step, self.graphdef, tx, cfg.loss)
+        self.ref_params = None  # set once by set_reference(); only read when kl_coef > 0
+        self.skipped_nonfinite = 0
         if mesh is None:
             self.params, self.opt_state = params, tx.init(params)
             self._batch_sharding = None
@@ -87,6 +98,7 @@ class Learner:
             self.opt_state = jax.device_put(opt_state, opt_shardings)
             self._batch_sharding = sharding.batch_sharding(mesh)
             self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, opt_shardings, None))
+        self._shardings = None if mesh is None else shardings
         self.steps = 0
         self._flops: dict[tuple, float] = {}  # per batch shape, from XLA's cost analysis
 
@@ -95,7 +107,7 @@ class Learner:
         batch = batch_from_records(records)
         key = batch["tokens"].shape
         if key not in self._flops:
-            cost = self._step.lower(self.params, self.opt_state, batch).compile().cost_analysis()
+            cost = self._step.lower(self.params, self.opt_state, self._reference(), batch).compile().cost_analysis()
             cost = cost[0] if isinstance(cost, list) else cost
             self._flops[key] = float(cost.get("flops", 0.0)) * (self.mesh.size if self.mesh else 1)
         return self._flops[key]
@@ -106,9 +118,23 @@ class Learner:
         batch = batch_from_records(records)
         if self._batch_sharding is not None:
             batch = jax.device_put(batch, self._batch_sharding)
-        self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, batch)
+        self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, self._reference(), batch)
         self.steps += 1
-        return {k: float(v) for k, v in metrics.items()}
+        out = {k: float(v) for k, v in metrics.items()}
+        self.skipped_nonfinite += int(out["losses/skipped_nonfinite"])
+        return out
+
+    def set_reference(self, params) -> None:
+        """The KL reference policy, loaded once at start (a copy: the step donates params)."""
+        ref = jax.tree.map(jnp.array, params)
+        self.ref_params = ref if self._shardings is None else jax.device_put(ref, self._shardings)
+
+    def _reference(self):
+        if self.cfg.loss.kl_coef == 0:
+            return None  # never read by the step (cfg is static), so nothing is passed
+        if self.ref_params is None:
+            raise ValueError("kl_coef > 0 needs a reference policy: call set_reference() first")
+        return self.ref_params
 
     def params_dict(self) -> dict:
         """Params as a nested dict of arrays: what the policy store writes."""

@@ -116,7 +116,9 @@ class Block(nnx.Module):
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self.cfg = cfg
-        embed_init = nnx.with_partitioning(nnx.initializers.normal(1.0), ("vocab", "embed"))
+        # nnx.Embed's own default (std 1/sqrt(d_model)): tied output logits start near uniform.
+        embed_init = nnx.with_partitioning(nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0),
+                                           ("vocab", "embed"))
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
         self.final_norm = _rms_norm(cfg, rngs)

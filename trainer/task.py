@@ -42,6 +42,14 @@ def parse_args(argv):
     p.add_argument("--max_mean_staleness", type=float, default=None,
                    help="wait for fresher data while the ready data is staler than this on average")
     p.add_argument("--learning_rate", type=float, default=3e-4)
+    p.add_argument("--loss", default="ppo", choices=["ppo", "gspo_token", "decoupled_ppo"])
+    p.add_argument("--eps_low", type=float, default=0.2)
+    p.add_argument("--eps_high", type=float, default=0.28)
+    p.add_argument("--aggregation", default="token-mean",
+                   choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+    p.add_argument("--tis_cap", type=float, default=None, help="truncated importance sampling cap (off)")
+    p.add_argument("--kl_coef", type=float, default=0.0, help="KL to the reference (the v0 policy)")
+    p.add_argument("--kl_estimator", default="k3", choices=["k1", "k2", "k3"])
     p.add_argument("--env", default="calculator")
     p.add_argument("--env_config", type=json.loads, default={}, help='JSON, e.g. {"tool_latency": "fixed:0.1"}')
     p.add_argument("--task_seed", type=int, default=0)

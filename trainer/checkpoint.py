@@ -1,0 +1,120 @@
+"""Learner checkpoints: params, optimizer state and the bookkeeping needed to resume.
+
+    ckpt = LearnerCheckpointer(directory, max_to_keep=3)       # local dir or gs://bucket/prefix
+    ckpt.save(step, {"params": p, "opt_state": o},
+              {"learner_version": v, "feeder_position": n, "consumed_ids": sorted(ids)})
+    restored = ckpt.restore_latest({"params": abstract_p, "opt_state": abstract_o})
+    if restored: step, state, meta = restored
+
+Arrays go through Orbax (TensorStore); `meta` is stored as JSON next to them (no pickle),
+in the same Orbax step, so arrays and bookkeeping are committed together or not at all.
+A step counts once Orbax has finalised it (locally: renamed from its tmp dir; on GCS: its
+commit_success.txt written), so a save killed midway is invisible to restore_latest.
+
+Durability vs. publishing: save() is asynchronous by default (it returns once the arrays
+are copied off the device; the write continues in the background) and policy publishing
+does not wait for it. That is safe because nothing a worker sees depends on a checkpoint:
+policy versions are numbered from the store's LATEST (resume with
+max(LATEST, checkpoint version) + 1), so a crash after a publish but before the
+checkpoint is durable only costs the steps since the last durable checkpoint (and the
+records consumed meanwhile, which were already acked). Call wait_until_finished() (or
+save(..., wait=True)) where the caller needs durability, e.g. before exiting.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from etils import epath
+import orbax.checkpoint as ocp
+
+from trainer.store import disable_gcsfs_listing_cache
+
+log = logging.getLogger(__name__)
+
+disable_gcsfs_listing_cache()  # restore_latest lists steps through epath -> gcsfs on gs://
+
+
+class CheckpointError(RuntimeError):
+    """A finalised checkpoint could not be restored (wrong target or corrupt data)."""
+
+
+def _json_default(x):
+    if isinstance(x, (set, frozenset)):
+        return sorted(x)  # dedup sets: sorted, so the file is deterministic
+    if hasattr(x, "item") and getattr(x, "shape", None) == ():
+        return x.item()  # numpy / jax scalars
+    raise TypeError(f"checkpoint meta must be JSON-serialisable; got {type(x).__name__}")
+
+
+class LearnerCheckpointer:
+    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
+                 async_save: bool = True, read_only: bool = False):
+        """read_only: for a process that only restores (an evaluator, a test) while the
+        learner writes; it must not clean up, or it would delete the learner's in-flight save."""
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
+        self.directory = epath.Path(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+            enable_async_checkpointing=async_save,
+            # Tmp dirs of saves killed midway are removed at start-up: the learner is the only
+            # writer, so when it starts none of them can still be in flight.
+            cleanup_tmp_directories=not read_only)
+        self._mngr = ocp.CheckpointManager(self.directory, options=options)
+
+    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, wait: bool = False) -> None:
+        """Checkpoint `state` (a dict of pytrees) and `meta` (JSON values; sets become sorted
+        lists) as `step`. Returns once the arrays are off the device, so the caller may
+        donate or overwrite them; with wait=True, once the checkpoint is durable."""
+        if type(step) is not int or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        # Serialise now: a bad value fails here, not in the background thread, and later
+        # mutation of the caller's dedup set cannot leak into the checkpoint.
+        meta = json.loads(json.dumps(meta, default=_json_default))
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        # force=True: save exactly when asked; the learner decides the cadence.
+        self._mngr.save(step, args=args, force=True)
+        if wait:
+            self._mngr.wait_until_finished()
+
+    def latest_step(self) -> int | None:
+        self._mngr.reload()  # the step list is cached; another process may have written
+        return self._mngr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        self._mngr.reload()
+        return sorted(self._mngr.all_steps())
+
+    def restore_latest(self, abstract_state: dict[str, Any]) -> tuple[int, dict, dict] | None:
+        """(step, state, meta) of the newest finalised step, with `state` shaped like
+        `abstract_state` (arrays or jax.ShapeDtypeStruct, shardings honoured); None if
+        there is none. A finalised step that fails to restore raises CheckpointError: we
+        do not silently rewind to an older step, which would then be trained past and
+        leave a newer, broken step behind."""
+        self.wait_until_finished()  # our own pending save counts
+        step = self.latest_step()
+        if step is None:
+            return None
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
+        try:
+            restored = self._mngr.restore(step, args=args)
+        except Exception as e:  # orbax raises many types; callers need one
+            raise CheckpointError(f"cannot restore checkpoint step {step} from {self.directory}: {e}") from e
+        log.info("restored learner checkpoint step %d from %s", step, self.directory)
+        return step, restored["state"], restored["meta"]
+
+    def wait_until_finished(self) -> None:
+        self._mngr.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for a pending save, then releases Orbax's threads."""
+        self._mngr.close()
+
+    def __enter__(self) -> "LearnerCheckpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
