@@ -67,17 +67,24 @@ class Attention(nnx.Module):
 
     def decode(self, x, start, cache_k, cache_v):
         """A chunk of P tokens per row at positions start[b] + 0..P-1, written into the
-        KV cache (writes past its end are dropped). x: [B, P, d]; caches: [B, T, H, D].
-        A query sees cached keys up to its own position: keys beyond it are stale (an
-        earlier episode in this slot, or chunk padding) and masked out."""
+        KV cache (writes past its end are dropped). x: [B, P, d]; caches: [B, H_kv, T, D],
+        heads before time so each slot's history is contiguous per head. A query sees
+        cached keys up to its own position: keys beyond it are stale (an earlier episode
+        in this slot, or chunk padding) and masked out. The query heads of a group attend
+        to their shared KV head directly (no repeated copy of the cache)."""
         b, p, _ = x.shape
         positions = start[:, None] + jnp.arange(p)[None, :]  # [B, P]
         q, k, v = self._project(x, positions)
         rows = jnp.arange(b)[:, None]
-        cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
-        visible = jnp.arange(cache_k.shape[1])[None, None, :] <= positions[:, :, None]  # [B, P, T]
-        return self._attend(q, cache_k, cache_v, visible[:, None]), cache_k, cache_v
+        cache_k = cache_k.at[rows, :, positions].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
+        groups = self.cfg.n_heads // self.cfg.n_kv_heads
+        q = q.reshape(b, p, self.cfg.n_kv_heads, groups, self.head_dim)
+        scores = jnp.einsum("bpkgd,bktd->bkgpt", q, cache_k) / jnp.sqrt(self.head_dim).astype(q.dtype)
+        visible = jnp.arange(cache_k.shape[2])[None, None, :] <= positions[:, :, None]  # [B, P, T]
+        scores = jnp.where(visible[:, None, None], scores, jnp.finfo(scores.dtype).min)
+        y = jnp.einsum("bkgpt,bktd->bpkgd", jax.nn.softmax(scores, axis=-1), cache_v)
+        return self.out(y.reshape(b, p, -1)), cache_k, cache_v
 
 
 class MLP(nnx.Module):
@@ -133,19 +140,20 @@ class Transformer(nnx.Module):
 
     def decode(self, tokens, start, cache):
         """KV-cached chunk step: tokens int [B, P] at positions start[b] + 0..P-1;
-        cache: (k, v) each [n_layers, B, T, H, D]. Returns (logits [B, P, vocab], cache)."""
+        cache: a tuple with one (k, v) pair per layer, each [B, H_kv, T, D] (per-layer
+        arrays, so a donated cache is updated in place, not re-stacked every step).
+        Returns (logits [B, P, vocab], cache)."""
         x = self.embed(tokens)
-        new_k, new_v = [], []
-        for layer, block in enumerate(self.blocks):
-            x, k, v = block.decode(x, start, cache[0][layer], cache[1][layer])
-            new_k.append(k)
-            new_v.append(v)
+        new_cache = []
+        for block, (k, v) in zip(self.blocks, cache):
+            x, k, v = block.decode(x, start, k, v)
+            new_cache.append((k, v))
         logits = self.embed.attend(self.final_norm(x)).astype(jnp.float32)
-        return logits, (jnp.stack(new_k), jnp.stack(new_v))
+        return logits, tuple(new_cache)
 
     def init_cache(self, batch: int, length: int, dtype=jnp.float32):
-        shape = (self.cfg.n_layers, batch, length, self.cfg.n_kv_heads, self.cfg.head_dim)
-        return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+        shape = (batch, self.cfg.n_kv_heads, length, self.cfg.head_dim)
+        return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(self.cfg.n_layers))
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
