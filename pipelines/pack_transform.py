@@ -154,6 +154,7 @@ class PackRecordsFn(beam.DoFn):
     """Stateful first-fit-decreasing packer, one buffer per ((bucket, shard), window)."""
 
     BUFFER = BagStateSpec("buffer", PickleCoder())
+    ARRIVALS = BagStateSpec("arrivals", PickleCoder())  # (trajectory_id, clock time it arrived)
     ARMED = ReadModifyWriteStateSpec("armed", BooleanCoder())  # the max-wait timer is set
     MAX_WAIT_TIMER = TimerSpec("max_wait", beam.TimeDomain.REAL_TIME)
     WINDOW_END_TIMER = TimerSpec("window_end", beam.TimeDomain.WATERMARK)
@@ -162,16 +163,26 @@ class PackRecordsFn(beam.DoFn):
         self.shapes, self.max_wait_s, self.clock = shapes, max_wait_s, clock
 
     def process(self, kv, window=beam.DoFn.WindowParam, buffer=beam.DoFn.StateParam(BUFFER),
-                armed=beam.DoFn.StateParam(ARMED), max_wait=beam.DoFn.TimerParam(MAX_WAIT_TIMER),
-                window_end=beam.DoFn.TimerParam(WINDOW_END_TIMER)):
+                arrivals=beam.DoFn.StateParam(ARRIVALS), armed=beam.DoFn.StateParam(ARMED),
+                max_wait=beam.DoFn.TimerParam(MAX_WAIT_TIMER), window_end=beam.DoFn.TimerParam(WINDOW_END_TIMER)):
         (bucket, _), t = kv
         buffer.add(t)
+        arrivals.add((t.trajectory_id, self.clock()))
         items = list(buffer.read())
         ready, rest = take_full_records(items, self.shapes[bucket])
         if ready:
             buffer.clear()
             for r in rest:
                 buffer.add(r)
+            kept = {r.trajectory_id for r in rest}
+            left = [(i, at) for i, at in arrivals.read() if i in kept]
+            arrivals.clear()
+            for a in left:
+                arrivals.add(a)
+            if left and armed.read():
+                # The timer was set for trajectories that just left in full records: re-arm
+                # it for the oldest one still waiting, or it would flush them half-full early.
+                max_wait.set(Timestamp.of(min(at for _, at in left)) + Duration.of(self.max_wait_s))
         if not rest:
             armed.clear()  # a stale timer may still fire: it finds an empty buffer
         elif not armed.read():
@@ -183,14 +194,18 @@ class PackRecordsFn(beam.DoFn):
 
     @on_timer(MAX_WAIT_TIMER)
     def on_max_wait(self, key=beam.DoFn.KeyParam, buffer=beam.DoFn.StateParam(BUFFER),
-                    armed=beam.DoFn.StateParam(ARMED), window_end=beam.DoFn.TimerParam(WINDOW_END_TIMER)):
+                    arrivals=beam.DoFn.StateParam(ARRIVALS), armed=beam.DoFn.StateParam(ARMED),
+                    window_end=beam.DoFn.TimerParam(WINDOW_END_TIMER)):
         window_end.clear()
+        arrivals.clear()
         yield from self._flush_all(key[0], buffer, armed, MAX_WAIT)
 
     @on_timer(WINDOW_END_TIMER)
     def on_window_end(self, key=beam.DoFn.KeyParam, buffer=beam.DoFn.StateParam(BUFFER),
-                      armed=beam.DoFn.StateParam(ARMED), max_wait=beam.DoFn.TimerParam(MAX_WAIT_TIMER)):
+                      arrivals=beam.DoFn.StateParam(ARRIVALS), armed=beam.DoFn.StateParam(ARMED),
+                      max_wait=beam.DoFn.TimerParam(MAX_WAIT_TIMER)):
         max_wait.clear()
+        arrivals.clear()
         yield from self._flush_all(key[0], buffer, armed, WINDOW_END)
 
     def _flush_all(self, bucket, buffer, armed, reason):
