@@ -74,7 +74,7 @@ def run(args) -> dict:
             if time.monotonic() > deadline or job.feeder.error:
                 raise RuntimeError(f"learner stopped at step {learner.steps}: "
                                    f"{job.feeder.error or f'timeout after {args.timeout_s}s'}")
-            for rec in job.consumer.poll(max_messages=10, timeout_s=1.0):
+            for rec in job.consumer.poll(max_messages=100, timeout_s=1.0):
                 job.credits.release(len(rec.trajectories))  # received: its credits are back
                 stats.on_record(rec, job.version)
                 if staleness.admit(rec, job.version):

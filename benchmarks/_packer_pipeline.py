@@ -1,0 +1,94 @@
+"""The packer alone as a streaming Beam job on the Pub/Sub emulator (benchmark helper).
+
+    python benchmarks/_packer_pipeline.py --runner=BundleBasedDirectRunner --streaming \\
+        --project=P --input_subscription=projects/P/subscriptions/S --output_topic=projects/P/topics/T \\
+        [--rows 4 --seq_len 256 --max_segments_per_row 2 --max_wait_s 2.0]
+
+Input: one Pub/Sub message per trajectory group, JSON
+    {"request_id": str, "finished_at": float, "lengths": [int, ...]}
+(the benchmark stamps finished_at when it publishes). Each becomes a group of synthetic
+Trajectories of those lengths and goes through the real `PackTrajectoryGroups`
+(dedup, buckets, windows, stateful packer with its max-wait timer). Output: the real
+encoded records, with two extra attributes: `flush_reason` and `packer_latency_ms`
+(the packer's own emit time minus the oldest finished_at in the record).
+
+Heartbeats (the same keep-alive `pipelines.rollout` uses on the direct runners) keep
+the runner's Pub/Sub pull short so processing-time timers fire on time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.gcp.pubsub import PubsubMessage
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from pipelines.pack_transform import PackTrajectoryGroups
+from pipelines.packing_config import PackingConfig
+from pipelines.trajectory import Trajectory
+from trainer import records
+from trainer.rollout_request import HEARTBEAT_ATTRIBUTE
+
+
+class ParseGroupFn(beam.DoFn):
+    def process(self, msg: PubsubMessage):
+        if HEARTBEAT_ATTRIBUTE in (msg.attributes or {}):
+            return
+        d = json.loads(msg.data)
+        group = []
+        for i, n in enumerate(d["lengths"]):
+            mask = np.zeros(n, np.uint8)
+            mask[n // 3:] = 1  # some prompt, then policy tokens
+            group.append(Trajectory(
+                trajectory_id=f"{d['request_id']}/{i}", request_id=d["request_id"], task_id="bench",
+                tokens=(np.arange(n) % 256).astype(np.int32), loss_mask=mask,
+                behaviour_logprobs=np.where(mask == 1, -1.0, 0.0).astype(np.float32),
+                policy_versions=np.where(mask == 1, 0, -1).astype(np.int32), reward=float(i % 2),
+                status="finished", advantage=0.5 if i % 2 else -0.5, finished_at=float(d["finished_at"])))
+        yield group
+
+
+def to_message(f) -> PubsubMessage:
+    attrs = records.attributes(f.record)
+    attrs["flush_reason"] = f.reason
+    attrs["packer_latency_ms"] = str(f.latency_ms)
+    return PubsubMessage(data=records.encode(f.record), attributes=attrs)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--input_subscription", required=True)
+    ap.add_argument("--output_topic", required=True)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--seq_len", type=int, default=256)
+    ap.add_argument("--max_segments_per_row", type=int, default=2)
+    ap.add_argument("--max_wait_s", type=float, default=2.0)
+    ap.add_argument("--window_s", type=float, default=60.0)
+    ap.add_argument("--heartbeat_s", type=float, default=0.1)
+    args, beam_argv = ap.parse_known_args(argv)
+    options = PipelineOptions(beam_argv)
+    options.view_as(StandardOptions).streaming = True
+    cfg = PackingConfig(buckets=(args.seq_len,), rows=args.rows, max_segments_per_row=args.max_segments_per_row,
+                        max_wait_s=args.max_wait_s, window_s=args.window_s)
+    if args.heartbeat_s > 0:
+        from pipelines.rollout import start_heartbeat
+        start_heartbeat(args.input_subscription, args.heartbeat_s)
+    with beam.Pipeline(options=options) as p:
+        (p
+         | "Read" >> beam.io.ReadFromPubSub(subscription=args.input_subscription, with_attributes=True)
+         | "ParseGroups" >> beam.ParDo(ParseGroupFn())
+         | "Pack" >> PackTrajectoryGroups(cfg, keep_flush_info=True)
+         | "ToMessages" >> beam.Map(to_message)
+         | "Write" >> beam.io.WriteToPubSub(args.output_topic, with_attributes=True))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    main(sys.argv[1:])

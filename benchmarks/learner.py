@@ -1,0 +1,581 @@
+"""Learner-side benchmarks: the learner-alone ceiling, step time against batch size,
+record decode and consumer poll throughput.
+
+    python benchmarks/learner.py            # everything (~3 min on 2 cores)
+    python benchmarks/learner.py --quick    # a short run of everything (~1.5-2 min)
+    python benchmarks/learner.py --sections steps,decode
+
+Tiny model (trainer.config.ModelConfig() defaults, random init), JAX on CPU. Records are
+built by tests/_learner_data.random_record (1-3 segments per row, a 4-token prompt
+then generated tokens), encoded with trainer.records.encode and attributes().
+
+1. ceiling: start the Pub/Sub emulator, pre-fill a subscription with --records packed
+   records of [--rows, --seq_len], then run the real loop of trainer/task.py without the
+   feeder: RecordConsumer.poll(max_messages=10, timeout_s=1.0) -> per-shape buffer ->
+   Learner.train_step(batch_records records) until every record is trained. The step is
+   compiled beforehand on other records (compile time shown apart). Duty cycle = time
+   inside train_step / wall time of the loop. pull / decode / ack are timed by wrapping
+   trainer.pubsub_io.pull, trainer.pubsub_io.ack and trainer.consumer.decode.
+2. steps: Learner.train_step at batch_records 1, 2, 4, 8 after warm-up: mean/p50/p95 of
+   the whole call (stack the records, host->device, jitted step, metrics to floats), the
+   jitted step alone on a device-resident batch (block_until_ready), tokens/s, and
+   FLOP/s from XLA's cost analysis of learner._step lowered with the arguments train_step
+   passes it (captured on a real call, so a change of the step's signature is followed),
+   and the model's forward alone for comparison.
+   profile: a jax.profiler trace of a few steps at --batch_records; XLA op CPU time by op
+   kind, forward+update against backward.
+3. decode: trainer.records.decode alone (in-process) for [4,256] and [8,512] records,
+   with the share spent in PackedRecord.validate; then RecordConsumer.poll throughput
+   (messages pulled + decoded + acked per second) from a pre-filled subscription
+   (section "poll"), at max_messages 10 (what trainer/task.py asks for) and 100.
+
+The emulator (a gcloud + java process group) is stopped on exit, also on error.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+sys.path.insert(0, os.path.join(_ROOT, "tests"))  # _learner_data.random_record
+
+
+SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
+
+# ----------------------------------------------------------------------------- output
+try:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    _console = Console(width=400)
+except ImportError:  # plain aligned text
+    _console = None
+
+
+def print_table(title: str, columns: list[str], rows: list[list], note: str = "") -> None:
+    cells = [[c if isinstance(c, str) else _fmt(c) for c in r] for r in rows]
+    if _console is not None:
+        t = Table(title=title, box=box.MARKDOWN, title_justify="left")
+        for c in columns:
+            t.add_column(c, justify="right")
+        for r in cells:
+            t.add_row(*r)
+        _console.print(t)
+    else:
+        widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)]
+        print(title)
+        print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+        for r in cells:
+            print("  ".join(x.rjust(w) for x, w in zip(r, widths)))
+    if note:
+        print(note)
+    print(flush=True)
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if x != 0 and (abs(x) >= 1e6 or abs(x) < 1e-3):
+            return f"{x:.3g}"
+        return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+    return str(x)
+
+
+def machine_info() -> dict:
+    info = {"python": platform.python_version(), "nproc": os.cpu_count()}
+    try:
+        info["nproc"] = int(subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip())
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
+            if line.startswith("Model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+        with open("/proc/meminfo") as f:
+            info["ram_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except (OSError, ValueError):
+        pass
+    import jax
+    info["jax"] = f"{jax.__version__} ({jax.default_backend()}, {jax.device_count()} device)"
+    return info
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+# ----------------------------------------------------------------------------- data
+def make_records(first_seed: int, n: int, rows: int, seq_len: int):
+    from _learner_data import random_record
+
+    from trainer.config import ModelConfig
+    vocab = ModelConfig().vocab_size
+    return [random_record(first_seed + i, rows=rows, seq_len=seq_len, vocab=vocab) for i in range(n)]
+
+
+def publish_records(emu, topic: str, records) -> tuple[float, int]:
+    """Publish encoded records with their attributes; returns (seconds, bytes)."""
+    from trainer import pubsub_io
+    from trainer.records import attributes, encode
+    payloads = [(encode(r), attributes(r)) for r in records]
+    t0 = time.perf_counter()
+    futures = [pubsub_io.publish(emu.publisher(), topic, data, **attrs) for data, attrs in payloads]
+    for f in futures:
+        f.result(timeout=60)
+    return time.perf_counter() - t0, sum(len(d) for d, _ in payloads)
+
+
+class PhaseTimer:
+    """Wraps trainer.pubsub_io.pull / ack and trainer.consumer.decode with timers (the
+    consumer looks them up at call time, so the real poll runs with the wrappers)."""
+
+    def __init__(self):
+        self.s = {"pull": 0.0, "decode": 0.0, "ack": 0.0}
+        self.pulls = self.empty_pulls = self.messages = 0
+
+    @contextlib.contextmanager
+    def installed(self):
+        from trainer import consumer, pubsub_io
+        orig = pubsub_io.pull, pubsub_io.ack, consumer.decode
+
+        def pull(*a, **k):
+            t0 = time.perf_counter()
+            out = orig[0](*a, **k)
+            self.s["pull"] += time.perf_counter() - t0
+            self.pulls += 1
+            self.empty_pulls += not out
+            self.messages += len(out)
+            return out
+
+        def ack(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return orig[1](*a, **k)
+            finally:
+                self.s["ack"] += time.perf_counter() - t0
+
+        def decode(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return orig[2](*a, **k)
+            finally:
+                self.s["decode"] += time.perf_counter() - t0
+
+        pubsub_io.pull, pubsub_io.ack, consumer.decode = pull, ack, decode
+        try:
+            yield self
+        finally:
+            pubsub_io.pull, pubsub_io.ack, consumer.decode = orig
+
+
+class StepCall:
+    """The positional arguments Learner.train_step passes to its jitted learner._step,
+    captured on one real call (its signature changes as the learner grows: today
+    (params, opt_state, [ref_params,] batch)). Kept as shapes only: params and optimizer
+    state are donated by the call."""
+
+    def __init__(self, learner, records):
+        jitted, seen = learner._step, []
+
+        def spy(*a, **k):
+            seen.append((a, k))
+            return jitted(*a, **k)
+
+        learner._step = spy
+        try:
+            learner.train_step(records)
+        finally:
+            learner._step = jitted
+        (args, kwargs), = seen
+        if kwargs:
+            raise RuntimeError(f"train_step passed keyword arguments {sorted(kwargs)}: update StepCall")
+        self.batch_index = next(i for i, a in enumerate(args) if isinstance(a, dict) and "tokens" in a)
+        self.shapes = jax_tree_shapes(args)
+
+    def flops(self, learner) -> float:
+        """XLA's FLOPs for one compiled step (cost analysis of the lowered call)."""
+        cost = learner._step.lower(*self.shapes).compile().cost_analysis()
+        if isinstance(cost, (list, tuple)):
+            cost = cost[0]
+        return float(cost.get("flops", 0.0)) if cost else 0.0
+
+    def call_with(self, learner, device_batch):
+        """One jitted step on a device-resident batch, state threaded as train_step does."""
+        args = list(self.shapes)
+        args[0], args[1], args[self.batch_index] = learner.params, learner.opt_state, device_batch
+        if any(a is not None for i, a in enumerate(args) if i not in (0, 1, self.batch_index)):
+            raise RuntimeError("the step takes more than params, opt_state, batch (and Nones): update StepCall")
+        learner.params, learner.opt_state, metrics = learner._step(*args)
+        return metrics
+
+
+def jax_tree_shapes(tree):
+    import jax
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, tree)
+
+
+# ----------------------------------------------------------------------------- 1. ceiling
+def bench_ceiling(args, emu) -> None:
+    from trainer.config import ModelConfig
+    from trainer.consumer import RecordConsumer
+    from trainer.learner import Learner, LearnerConfig
+
+    shape = (args.rows, args.seq_len)
+    name = f"bench-ceiling-{os.getpid()}"
+    topic = emu.create_topic(name)
+    sub = emu.create_subscription(name + "-sub", name, ack_deadline_s=600)
+    records = make_records(100_000, args.records, *shape)
+    pub_s, nbytes = publish_records(emu, topic, records)
+    print(f"published {len(records)} records of {shape[0]}x{shape[1]} ({nbytes / len(records) / 1e3:.1f} kB each) "
+          f"in {pub_s:.2f} s ({len(records) / pub_s:.0f} msg/s)", flush=True)
+
+    learner = Learner(ModelConfig(), LearnerConfig(batch_records=args.batch_records))
+    warm = make_records(200_000, args.batch_records, *shape)
+    t0 = time.perf_counter()
+    learner.train_step(warm)  # compile outside the measured loop
+    compile_s = time.perf_counter() - t0
+    for _ in range(2):
+        learner.train_step(warm)
+
+    consumer = RecordConsumer(sub, {shape})
+    buffers: dict[tuple, list] = {shape: []}
+    phases = PhaseTimer()
+    train_s = 0.0
+    steps = tokens = loss_tokens = trained = 0
+    need = len(records) - len(records) % args.batch_records
+    deadline = time.monotonic() + args.ceiling_timeout_s
+    with phases.installed():
+        t_start = time.perf_counter()
+        while trained < need and time.monotonic() < deadline:
+            for rec in consumer.poll(max_messages=10, timeout_s=1.0):
+                buffers[rec.shape].append(rec)
+            for buf in buffers.values():
+                while len(buf) >= args.batch_records:
+                    batch, buf[:] = buf[:args.batch_records], buf[args.batch_records:]
+                    t0 = time.perf_counter()
+                    learner.train_step(batch)
+                    train_s += time.perf_counter() - t0
+                    steps += 1
+                    trained += len(batch)
+                    tokens += sum(r.num_tokens for r in batch)
+                    loss_tokens += sum(r.num_loss_tokens for r in batch)
+        wall = time.perf_counter() - t_start
+    consumer.close()
+    if trained < need:
+        print(f"WARNING: trained only {trained}/{need} records before --ceiling_timeout_s", flush=True)
+    if learner.compiled_variants() != 1:
+        print(f"WARNING: {learner.compiled_variants()} compiled step variants for one shape", flush=True)
+
+    print_table(
+        f"1. Learner-alone ceiling: {trained} records {shape[0]}x{shape[1]} from a pre-filled emulator "
+        f"subscription, batch_records={args.batch_records}, poll(max_messages=10)",
+        ["wall s", "steps", "steps/s", "tokens/s", "loss tokens/s", "tokens/s in step", "duty cycle",
+         "records/s", "compile s"],
+        [[wall, steps, steps / wall, tokens / wall, loss_tokens / wall, tokens / train_s if train_s else None,
+          train_s / wall, trained / wall, compile_s]],
+        note=(f"tokens = non-pad tokens ({tokens / trained:.0f} per record of {shape[0] * shape[1]}); "
+              f"loss tokens = loss_mask 1 ({loss_tokens / trained:.0f} per record); "
+              f"duty cycle = time inside train_step / wall."))
+    other = wall - train_s - sum(phases.s.values())
+    print_table(
+        "1b. Where the loop's wall time went",
+        ["train_step s", "pull s", "decode s", "ack s", "other s", "pulls", "empty pulls", "msgs/pull"],
+        [[train_s, phases.s["pull"], phases.s["decode"], phases.s["ack"], other, phases.pulls,
+          phases.empty_pulls, phases.messages / phases.pulls if phases.pulls else None]],
+        note=(f"shares of wall: train {train_s / wall:.1%}, pull {phases.s['pull'] / wall:.1%}, "
+              f"decode {phases.s['decode'] / wall:.1%}, ack {phases.s['ack'] / wall:.1%}, other {other / wall:.1%}"))
+
+
+# ----------------------------------------------------------------------------- 2. steps
+def bench_steps(args) -> None:
+    import jax
+
+    from trainer.config import ModelConfig
+    from trainer.learner import Learner, LearnerConfig, batch_from_records
+
+    shape = (args.rows, args.seq_len)
+    pool = make_records(300_000, max(args.batch_sizes) * 2, *shape)
+    rows = []
+    for b in args.batch_sizes:
+        learner = Learner(ModelConfig(), LearnerConfig(batch_records=b))
+        batches = [pool[:b], pool[b:2 * b]]  # alternate two batches
+        t0 = time.perf_counter()
+        call = StepCall(learner, batches[0])  # the first train_step: compiles
+        compile_s = time.perf_counter() - t0
+        flops = call.flops(learner)
+        for i in range(args.warmup):
+            learner.train_step(batches[i % 2])
+        times = []
+        for i in range(args.steps):
+            t0 = time.perf_counter()
+            learner.train_step(batches[i % 2])
+            times.append(time.perf_counter() - t0)
+        variants = learner.compiled_variants()  # one shape: 1 expected
+        # The jitted step alone: batch already on device, no metric conversion. A committed
+        # device array is another jit cache key than a numpy batch: one more (untimed) compile.
+        dev = [jax.device_put(batch_from_records(x)) for x in batches]
+        jax.block_until_ready(dev)
+        jit_times = []
+        for i in range(-1, args.steps):
+            t0 = time.perf_counter()
+            m = call.call_with(learner, dev[i % 2])
+            jax.block_until_ready((learner.params, m))
+            if i >= 0:
+                jit_times.append(time.perf_counter() - t0)
+        fwd_ms = forward_ms(learner, dev, args.steps)
+        tok = statistics.mean(sum(r.num_tokens for r in x) for x in batches)
+        ltok = statistics.mean(sum(r.num_loss_tokens for r in x) for x in batches)
+        mean = statistics.mean(times)
+        rows.append([b, b * shape[0], mean * 1e3, pct(times, 50) * 1e3, pct(times, 95) * 1e3,
+                     statistics.mean(jit_times) * 1e3, fwd_ms, tok / mean, ltok / mean, b * shape[0] * shape[1] / mean,
+                     flops / 1e9, flops / mean / 1e9, compile_s, variants])
+        print(f"  batch_records={b}: done ({args.steps} timed steps, load {loadavg()})", flush=True)
+    print_table(
+        f"2. Learner.train_step against batch size: records {shape[0]}x{shape[1]}, {args.warmup} warm-up + "
+        f"{args.steps} timed steps each",
+        ["batch_records", "rows", "mean ms", "p50 ms", "p95 ms", "jit-only ms", "fwd ms", "tokens/s", "loss tokens/s",
+         "slots/s", "GFLOP/step", "GFLOP/s", "compile s", "variants"],
+        rows,
+        note=("ms = one train_step call (stack records, host->device, jitted step, metrics to float); "
+              "jit-only = learner._step on a device-resident batch + block_until_ready; "
+              "fwd = the model's forward + token log-probs alone (no loss, no gradient), jitted; "
+              "slots/s counts padding too; GFLOP from compile().cost_analysis()['flops'], GFLOP/s = that / mean; "
+              "variants = learner.compiled_variants() after the timed train_steps."))
+
+
+def forward_ms(learner, device_batches, n: int) -> float:
+    """Mean ms of the jitted policy forward (logits + token log-probs) on these batches."""
+    import jax
+    from flax import nnx
+
+    from trainer.model import token_logprobs
+
+    @jax.jit
+    def fwd(params, batch):
+        logits = nnx.merge(learner.graphdef, params)(batch["tokens"], batch["segment_ids"], batch["positions"])
+        return token_logprobs(logits, batch["tokens"]).sum()
+
+    jax.block_until_ready(fwd(learner.params, device_batches[0]))
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fwd(learner.params, device_batches[i % len(device_batches)]))
+        times.append(time.perf_counter() - t0)
+    return statistics.mean(times) * 1e3
+
+
+def bench_profile(args) -> None:
+    """Where one train_step's time goes inside XLA: a jax.profiler trace of --profile_steps
+    steps at --batch_records, op CPU time summed over XLA's worker threads, grouped by op
+    kind (the fusion name without its number) and by pass (from each op's HLO metadata:
+    transpose(jvp(...)) is the backward pass; the rest is the forward and the optimizer)."""
+    import collections
+    import glob
+    import re
+    import tempfile
+
+    import jax
+
+    from trainer.config import ModelConfig
+    from trainer.learner import Learner, LearnerConfig
+
+    shape, b, n = (args.rows, args.seq_len), args.batch_records, args.profile_steps
+    learner = Learner(ModelConfig(), LearnerConfig(batch_records=b))
+    batch = make_records(600_000, b, *shape)
+    call = StepCall(learner, batch)
+    hlo = learner._step.lower(*call.shapes).compile().as_text()
+    op_meta = {}
+    for line in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .*?op_name=\"([^\"]*)\"", line)
+        if m:
+            op_meta[m.group(1)] = m.group(2)
+    for _ in range(2):
+        learner.train_step(batch)
+    with tempfile.TemporaryDirectory(prefix="learner-prof-") as d:
+        t0 = time.perf_counter()
+        jax.profiler.start_trace(d)
+        for _ in range(n):
+            learner.train_step(batch)
+        jax.profiler.stop_trace()
+        wall_ms = (time.perf_counter() - t0) / n * 1e3
+        files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        if not files:
+            print("profile: no trace written; skipped\n", flush=True)
+            return
+        data = jax.profiler.ProfileData.from_file(files[0])
+        by_kind = collections.defaultdict(lambda: [0.0, 0.0])
+        for plane in data.planes:
+            for line in plane.lines:
+                if not line.name.startswith("tf_XLAEigen"):  # XLA:CPU worker threads
+                    continue
+                for ev in line.events:
+                    if ev.name not in op_meta:  # executor bookkeeping, waits
+                        continue
+                    kind = re.sub(r"\.\d+$", "", ev.name)
+                    by_kind[kind]["transpose(" in op_meta[ev.name]] += ev.duration_ns / 1e6 / n
+    total = sum(f + bw for f, bw in by_kind.values())
+    if not total:
+        print("profile: no XLA op events found in the trace; skipped\n", flush=True)
+        return
+    rows = [[k, f + bw, f, bw, (f + bw) / total] for k, (f, bw) in
+            sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))[:args.profile_top]]
+    fwd_total = sum(f for f, _ in by_kind.values())
+    rows.append(["all ops", total, fwd_total, total - fwd_total, 1.0])  # all kinds, not only those listed
+    print_table(
+        f"2b. Inside one train_step (batch_records={b}, {shape[0]}x{shape[1]}): XLA op CPU time per step "
+        f"by op kind, {n} profiled steps",
+        ["op kind", "CPU ms", "forward+update ms", "backward ms", "share"],
+        rows,
+        note=(f"wall per profiled step {wall_ms:.0f} ms (profiler on); CPU ms sums XLA's worker threads. "
+              "ynn_fusion = XNNPACK/YNNPACK dots and attention contractions; copy_*/bitcast_* fusions are "
+              "elementwise loops that also change layout (transposes)."))
+
+
+# ----------------------------------------------------------------------------- 3. decode
+def bench_decode(args) -> None:
+    from trainer.records import decode, encode
+
+    rows = []
+    for shape in ((4, 256), (8, 512)):
+        recs = make_records(400_000, 8, *shape)
+        blobs = [encode(r) for r in recs]
+        for b in blobs[:2]:
+            decode(b)
+        decoded = [decode(b) for b in blobs]
+        dec, val, enc = [], [], []  # per call, interleaved so that load from other processes hits all three alike
+        for i in range(args.decode_n):
+            j = i % len(blobs)
+            t0 = time.perf_counter()
+            decode(blobs[j])
+            t1 = time.perf_counter()
+            decoded[j].validate()
+            t2 = time.perf_counter()
+            encode(recs[j])
+            t3 = time.perf_counter()
+            dec.append(t1 - t0)
+            val.append(t2 - t1)
+            enc.append(t3 - t2)
+        mb = statistics.mean(len(b) for b in blobs) / 1e6
+        d50, dmean = pct(dec, 50), statistics.mean(dec)
+        rows.append([f"{shape[0]}x{shape[1]}", mb * 1e3, d50 * 1e6, dmean * 1e6, pct(dec, 95) * 1e6, 1 / dmean,
+                     mb / dmean, pct(val, 50) * 1e6, pct(val, 50) / d50, pct(enc, 50) * 1e6])
+    print_table(
+        f"3a. trainer.records.decode alone, in-process ({args.decode_n} decodes per shape)",
+        ["shape", "kB/record", "decode p50 us", "mean us", "p95 us", "records/s", "MB/s", "validate p50 us",
+         "validate share", "encode p50 us"],
+        rows,
+        note="decode = parse + copy arrays + PackedRecord.validate(); records/s and MB/s from the mean; "
+             "validate = validate() alone on a decoded record (share = its p50 / decode p50); "
+             "encode (producer side) also validates.")
+
+
+def bench_poll(args, emu) -> None:
+    from trainer.consumer import RecordConsumer
+
+    shape = (4, 256)
+    name = f"bench-poll-{os.getpid()}"
+    topic = emu.create_topic(name)
+    subs = {m: emu.create_subscription(f"{name}-{m}", name, ack_deadline_s=600) for m in args.poll_max_messages}
+    records = make_records(500_000, args.poll_records, *shape)
+    pub_s, nbytes = publish_records(emu, topic, records)
+    print(f"published {len(records)} records of {shape[0]}x{shape[1]} in {pub_s:.2f} s "
+          f"({len(records) / pub_s:.0f} msg/s, {nbytes / pub_s / 1e6:.1f} MB/s)", flush=True)
+    rows = []
+    for m, sub in subs.items():
+        consumer = RecordConsumer(sub, {shape})
+        phases = PhaseTimer()
+        got = 0
+        deadline = time.monotonic() + 120
+        with phases.installed():
+            t0 = time.perf_counter()
+            while got < len(records) and time.monotonic() < deadline:
+                got += len(consumer.poll(max_messages=m, timeout_s=1.0))
+            wall = time.perf_counter() - t0
+        consumer.close()
+        if got < len(records):
+            print(f"WARNING: max_messages={m}: got {got}/{len(records)} before the 120 s deadline", flush=True)
+        rows.append([m, got, wall, got / wall, got * nbytes / len(records) / wall / 1e6, phases.pulls,
+                     phases.messages / phases.pulls if phases.pulls else None,
+                     phases.s["pull"] / wall, phases.s["decode"] / wall, phases.s["ack"] / wall])
+    print_table(
+        f"3b. RecordConsumer.poll from a pre-filled emulator subscription: {len(records)} records {shape[0]}x{shape[1]}",
+        ["max_messages", "records", "wall s", "records/s", "MB/s", "pulls", "msgs/pull", "pull share",
+         "decode share", "ack share"],
+        rows,
+        note="records/s = messages pulled + decoded + validated + acked per second by one consumer, no training.")
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a short run of every section")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--seq_len", type=int, default=256)
+    p.add_argument("--records", type=int, default=200, help="ceiling: records pre-filled")
+    p.add_argument("--batch_records", type=int, default=2, help="ceiling: records per step")
+    p.add_argument("--ceiling_timeout_s", type=float, default=300.0)
+    p.add_argument("--batch_sizes", default="1,2,4,8", help="steps: batch_records values")
+    p.add_argument("--warmup", type=int, default=3, help="steps: untimed steps after compile")
+    p.add_argument("--steps", type=int, default=20, help="steps: timed steps per batch size")
+    p.add_argument("--profile_steps", type=int, default=5, help="profile: traced steps")
+    p.add_argument("--profile_top", type=int, default=8, help="profile: op kinds listed")
+    p.add_argument("--decode_n", type=int, default=500, help="decode: decodes per shape")
+    p.add_argument("--poll_records", type=int, default=500, help="poll: records pre-filled")
+    p.add_argument("--poll_max_messages", default="10,100", help="poll: max_messages values")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.records, args.steps, args.warmup, args.decode_n, args.poll_records = 40, 5, 1, 100, 100
+        args.profile_steps = 2
+    args.sections = [s for s in args.sections.split(",") if s]
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections {sorted(unknown)}; known: {SECTIONS}")
+    args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+    args.poll_max_messages = [int(x) for x in args.poll_max_messages.split(",")]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    info = machine_info()
+    print(f"{datetime.datetime.now().isoformat(timespec='seconds')}  {info}  load {loadavg()}", flush=True)
+    print(f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}\n", flush=True)
+    t_all = time.perf_counter()
+    if "steps" in args.sections:
+        bench_steps(args)
+    if "profile" in args.sections:
+        bench_profile(args)
+    if "decode" in args.sections:
+        bench_decode(args)
+    if {"ceiling", "poll"} & set(args.sections):
+        from localstack.pubsub_emulator import PubSubEmulator
+        t0 = time.perf_counter()
+        with PubSubEmulator() as emu:
+            emu.apply_env()  # RecordConsumer's clients read PUBSUB_EMULATOR_HOST
+            print(f"emulator up at {emu.host} in {time.perf_counter() - t0:.1f} s\n", flush=True)
+            if "ceiling" in args.sections:
+                bench_ceiling(args, emu)
+            if "poll" in args.sections:
+                bench_poll(args, emu)
+    print(f"total {time.perf_counter() - t_all:.0f} s, load {loadavg()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
