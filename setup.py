@@ -19,8 +19,10 @@ setup(
         "importlib_resources>=6",
         "google-cloud-pubsub>=2.44,<3",
         "numpy>=1.26",
+        "gcsfs>=2024.6",  # Orbax reaches gs:// policy stores and checkpoints through it
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "psutil>=5.9"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "psutil>=5.9",
+                 "gcp-storage-emulator>=2026.7.19"],
     },
 )

@@ -8,8 +8,14 @@ Clients find it through environment variables, read when a client is created:
 - google-cloud-storage: STORAGE_EMULATOR_HOST (it then uses anonymous credentials);
 - TensorStore's gcs driver (what Orbax writes through): TENSORSTORE_GCS_HTTP_URL, plus
   GOOGLE_AUTH_TOKEN_FOR_TESTING so it sends a fixed bearer token instead of looking
-  for Application Default Credentials (the emulator accepts any token).
+  for Application Default Credentials (the emulator accepts any token);
+- gcsfs (what etils.epath, hence Orbax's small files, uses for gs://): STORAGE_EMULATOR_HOST;
+  GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false skips its bucket-type probe, which calls the
+  Storage Control API the emulator lacks (one warning per call otherwise).
 The server runs in-memory in its own process group; stop() kills the whole group.
+
+Those clients cache the endpoint they first saw (gcsfs instances, Orbax's bucket cache),
+so a process should talk to one emulator for its lifetime: tests use `shared()`.
 """
 from __future__ import annotations
 
@@ -26,14 +32,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Self
 
 from localstack.processes import ProcessGroup
 
 DEFAULT_PROJECT = "local-agentic-rl"
 DEFAULT_BUCKET = "local-policy-store"
-ENV_KEYS = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-            "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GOOGLE_CLOUD_PROJECT")
 _PORT_IN_USE = "Address already in use"
+_READY = "gcs emulator listening on {port}"
 
 
 class GcsEmulatorError(RuntimeError):
@@ -65,7 +71,7 @@ class GcsEmulator:
         return self._group.pid if self._group else None
 
     # ----------------------------------------------------------------- lifecycle
-    def start(self) -> "GcsEmulator":
+    def start(self) -> GcsEmulator:
         if self._group is not None:
             return self
         try:
@@ -87,21 +93,24 @@ class GcsEmulator:
         return self
 
     def _spawn_and_wait(self, port: int) -> None:
-        cmd = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
-               f"--port={port}", "--in-memory"] + ([] if self.verbose else ["--quiet"])
+        repo = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+        code = f"from localstack.gcs_emulator import serve; serve({port}, quiet={not self.verbose})"
         # cwd: the emulator may create ./.cloudstorage even in memory mode; keep it in our dir.
-        self._group = ProcessGroup(cmd, self._dir / f"gcs-emulator-{port}.log",
-                                   env=dict(os.environ), cwd=str(self._dir)).start()
+        self._group = ProcessGroup([sys.executable, "-c", code], self._dir / f"gcs-emulator-{port}.log",
+                                   env=env, cwd=str(self._dir)).start()
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             log = self._group.log_tail(20000)
-            # A failed bind kills only the server thread; the process would idle forever
-            # and whoever holds the port would answer our probe: check the log first.
+            # A failed bind kills only the server thread and the process would idle forever:
+            # look for the error rather than wait for the timeout.
             if self._group.poll() is not None or _PORT_IN_USE in log:
                 self._fail(f"gcs emulator failed to start:\n{log[-3000:]}")
-            with contextlib.suppress(OSError):
-                with self._opener.open(f"{self.url}/", timeout=1.0) as resp:
+            # Ready = our child says it bound the port AND it answers the health check.
+            if _READY.format(port=port) in log:
+                with contextlib.suppress(OSError), self._opener.open(f"{self.url}/", timeout=1.0) as resp:
                     if resp.status == 200 and resp.read() == b"OK":
                         return
             if time.monotonic() > deadline:
@@ -124,7 +133,7 @@ class GcsEmulator:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def __enter__(self) -> "GcsEmulator":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -136,7 +145,7 @@ class GcsEmulator:
             raise RuntimeError("emulator not started")
         return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url,
                 "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator-token",
-                "GOOGLE_CLOUD_PROJECT": self.project}
+                "GOOGLE_CLOUD_PROJECT": self.project, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 
     def apply_env(self) -> dict[str, str]:
         """Set env() in os.environ; restore_env() (or stop()) puts the old values back."""
@@ -186,3 +195,57 @@ class GcsEmulator:
             names += [item["name"] for item in page.get("items", [])]
             if not (token := page.get("nextPageToken")):
                 return names
+
+
+def serve(port: int, quiet: bool = True) -> None:
+    """Child-process entry point: `gcp-storage-emulator start --in-memory`, plus what
+    TensorStore's gcs driver needs and the emulator lacks. Its media downloads carry no
+    x-goog-generation header and ignore ifGenerationMatch/ifGenerationNotMatch. TensorStore
+    then records generation 0 for a re-read OCDBT manifest and its next conditional write
+    fails with "Malformed StorageGeneration" (seen in ~1 of 45 publishes). Real GCS sends
+    the header, answers 304 / 412: so do we."""
+    import logging
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    original = objects.download
+
+    def download(request, response, storage, *args, **kwargs):
+        try:
+            obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+        except NotFound:
+            return original(request, response, storage, *args, **kwargs)
+        generation = str(obj["generation"])
+        response["x-goog-generation"] = generation
+        response["x-goog-metageneration"] = str(obj.get("metageneration") or 1)
+        if request.query.get("ifGenerationNotMatch", [None])[0] == generation:
+            response.status = HTTPStatus.NOT_MODIFIED
+            return None
+        if request.query.get("ifGenerationMatch", [generation])[0] != generation:
+            response.status = HTTPStatus.PRECONDITION_FAILED
+            return None
+        return original(request, response, storage, *args, **kwargs)
+
+    objects.download = download  # objects.get (alt=media) looks the name up per call
+    server.HANDLERS = tuple((rx, {m: download if f is original else f for m, f in h.items()})
+                            for rx, h in server.HANDLERS)
+    logging.basicConfig(level=logging.CRITICAL if quiet else logging.DEBUG)
+    emulator = server.create_server("127.0.0.1", port, in_memory=True)
+    emulator.start()  # returns once bound; a failed bind logs the error and never returns
+    print(_READY.format(port=port), flush=True)
+    while True:  # serve until SIGTERM / SIGKILL from the parent's ProcessGroup
+        time.sleep(3600)
+
+
+_shared: GcsEmulator | None = None
+
+
+def shared() -> GcsEmulator:
+    """One emulator per process, started on first use and stopped at exit (atexit)."""
+    global _shared
+    if _shared is None or _shared.url is None:
+        _shared = GcsEmulator().start()
+    return _shared

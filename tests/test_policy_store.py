@@ -158,3 +158,30 @@ def test_pointer_write_leaves_no_temp_files(store):
     store.publish(0, params_for(0))
     store.publish(1, params_for(1))
     assert sorted(os.listdir(store.root)) == [LATEST, "policies"]
+
+
+def test_bf16_publish_restores_into_target_dtype(store):
+    params = params_for(2)
+    params["dense"]["kernel"] = jnp.full((4, 3), 1 / 3, jnp.float32)  # not representable in bf16
+    store.publish(0, params, {"step": 1}, dtype=jnp.bfloat16)
+    meta = store.read_metadata(0)
+    assert meta["dtype"] == "bfloat16" and meta["metadata"] == {"step": 1}
+    rounded = np.asarray(params["dense"]["kernel"].astype(jnp.bfloat16).astype(jnp.float32))
+    for target in (abstract(params), jax.tree.map(np.asarray, params)):  # jax and numpy targets
+        out = store.load(0, target)
+        assert_tree_equal(out["embed"], params["embed"])  # ints are never cast
+        assert out["dense"]["kernel"].dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(out["dense"]["kernel"]), rounded)
+    assert store.read_metadata(0)["dtype"] == "bfloat16"
+
+
+def test_bf16_halves_what_workers_download(store):
+    def du(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+    big = {"w": jax.random.normal(jax.random.key(0), (256, 256), jnp.float32)}
+    store.publish(0, big)
+    store.publish(1, big, dtype=jnp.bfloat16)
+    f32, bf16 = du(store.version_path(0)), du(store.version_path(1))
+    assert bf16 < 0.6 * f32, (f32, bf16)
+    assert store.read_metadata(0)["dtype"] is None

@@ -25,10 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Self
 
-from etils import epath
 import orbax.checkpoint as ocp
+from etils import epath
 
 from trainer.store import disable_gcsfs_listing_cache
 
@@ -113,7 +113,7 @@ class LearnerCheckpointer:
         """Waits for a pending save, then releases Orbax's threads."""
         self._mngr.close()
 
-    def __enter__(self) -> "LearnerCheckpointer":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -25,11 +25,13 @@ import tempfile
 import time
 from typing import Any
 
-from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+from google.api_core.exceptions import GoogleAPIError
+from google.auth.exceptions import GoogleAuthError
 
 LATEST = "LATEST"
 METADATA = "metadata.json"
@@ -100,10 +102,18 @@ class _LocalFiles:
 
 class _GcsFiles:
     """The same operations on GCS via google-cloud-storage. Each upload replaces a whole
-    object, which GCS makes visible atomically; listings and reads are never cached."""
+    object, which GCS makes visible atomically; listings and reads are never cached.
+    Reads give up after read_timeout_s (the library's default retries for 120 s), so a
+    poller reports an outage quickly and keeps its version; writes keep the default."""
 
-    def __init__(self):
+    def __init__(self, read_timeout_s: float = 20.0):
+        from google.api_core.exceptions import NotFound
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        self._not_found = NotFound
         self._client = None  # created on first use: unpicklable, and reads env at creation
+        self._read = {"retry": DEFAULT_RETRY.with_timeout(read_timeout_s),
+                      "timeout": min(read_timeout_s, 60.0)}
 
     def _split(self, path: str) -> tuple[Any, str]:
         if self._client is None:
@@ -114,12 +124,10 @@ class _GcsFiles:
         return self._client.bucket(bucket), key
 
     def read_text(self, path: str) -> str | None:
-        from google.api_core import exceptions as gexc
-
         bucket, key = self._split(path)
         try:
-            return bucket.blob(key).download_as_bytes().decode()
-        except gexc.NotFound:
+            return bucket.blob(key).download_as_bytes(**self._read).decode()
+        except self._not_found:
             return None
 
     def write_text(self, path: str, text: str) -> None:
@@ -128,61 +136,51 @@ class _GcsFiles:
 
     def exists(self, path: str) -> bool:
         bucket, key = self._split(path)
-        return bucket.blob(key).exists()
+        return bucket.blob(key).exists(**self._read)
 
     def children(self, path: str) -> list[str]:
         """Names directly below path/ (objects and "directories")."""
         bucket, key = self._split(path)
         prefix = key.rstrip("/") + "/"
-        it = self._client.list_blobs(bucket, prefix=prefix, delimiter="/")
+        it = self._client.list_blobs(bucket, prefix=prefix, delimiter="/", **self._read)
         names = [b.name[len(prefix):] for b in it]  # consuming pages fills it.prefixes
         return [n for n in names if n] + [p[len(prefix):].rstrip("/") for p in it.prefixes]
 
     def delete(self, path: str) -> None:
-        from google.api_core import exceptions as gexc
-
         bucket, key = self._split(path)
         try:
             bucket.blob(key).delete()
-        except gexc.NotFound:
-            pass
+        except self._not_found:
+            pass  # already gone (or deleted concurrently): the goal is reached
 
     def delete_tree(self, path: str) -> None:
-        from google.api_core import exceptions as gexc
-
         bucket, key = self._split(path)
         for blob in self._client.list_blobs(bucket, prefix=key.rstrip("/") + "/"):
-            try:
-                blob.delete()
-            except gexc.NotFound:
-                pass  # deleted concurrently: the goal is reached anyway
+            self.delete(f"gs://{bucket.name}/{blob.name}")
 
 
-def files_for(root: str) -> _LocalFiles | _GcsFiles:
+def files_for(root: str, gcs_read_timeout_s: float = 20.0) -> _LocalFiles | _GcsFiles:
     if root.startswith("gs://"):
-        return _GcsFiles()
+        return _GcsFiles(gcs_read_timeout_s)
     if "://" in root:
         raise ValueError(f"unsupported store root {root!r}: use a local path or gs://")
     return _LocalFiles()
 
 
+def _is_float(x) -> bool:
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+
+
 def _cast_floats(tree: Any, dtype) -> Any:
     """Floating leaves to dtype (bf16 halves what workers download); others unchanged."""
-    def cast(x):
-        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
-            return x.astype(dtype)
-        return x
-    return jax.tree.map(cast, tree)
+    return jax.tree.map(lambda x: x.astype(dtype) if _is_float(x) and x.dtype != dtype else x, tree)
 
 
 def _to_target_dtypes(params: Any, target: Any) -> Any:
     """Orbax honours the target dtype for jax targets, but restores numpy targets at the
     stored dtype: cast float leaves (e.g. a bf16-published version) to what the target wants."""
     def cast(got, want):
-        if (hasattr(want, "dtype") and hasattr(got, "dtype") and got.dtype != want.dtype
-                and jnp.issubdtype(got.dtype, jnp.floating) and jnp.issubdtype(want.dtype, jnp.floating)):
-            return got.astype(want.dtype)
-        return got
+        return got.astype(want.dtype) if _is_float(got) and _is_float(want) and got.dtype != want.dtype else got
     try:
         return jax.tree.map(cast, params, target)
     except ValueError:
@@ -205,10 +203,10 @@ def _check_matches(params: Any, target: Any, what: str) -> None:
 class PolicyStore:
     """Versioned params on disk or GCS; one writer (the learner), many pollers."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, *, gcs_read_timeout_s: float = 20.0):
         self.root = epath.Path(root)
         self.policies_dir = self.root / "policies"
-        self._files = files_for(os.fspath(self.root))
+        self._files = files_for(os.fspath(self.root), gcs_read_timeout_s)
 
     def version_path(self, version: int) -> epath.Path:
         return self.policies_dir / f"{version:08d}"
@@ -221,11 +219,7 @@ class PolicyStore:
         current version on a StoreError instead of dying."""
         try:
             return fn(*args)
-        except StoreError:
-            raise
-        except Exception as e:
-            if "google" not in type(e).__module__ and not isinstance(e, OSError):
-                raise
+        except (OSError, GoogleAPIError, GoogleAuthError) as e:
             raise StoreError(f"{what} failed: {type(e).__name__}: {e}") from e
 
     # ---- writer -------------------------------------------------------------
