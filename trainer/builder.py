@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import jax
+
 import environments
+from trainer.checkpoint import LearnerCheckpointer
 from trainer.config import ModelConfig, RecordShape, model_config
 from trainer.consumer import RecordConsumer
 from trainer.feeder import CreditConfig, Feeder, TrajectoryCredits
@@ -33,6 +36,22 @@ class LearnerJob:
     buffers: dict  # (rows, seq_len) -> records ready to train, oldest first
     version: int  # the newest published policy version
     peak_flops: float | None = None  # the devices' peak FLOP/s, for utilisation
+    checkpointer: LearnerCheckpointer | None = None
+    resumed_from_step: int | None = None
+
+    def publish_and_checkpoint(self) -> None:
+        """A new policy version for the workers, then a learner checkpoint that knows it:
+        a restarted learner resumes at exactly this version, feeder position and dedup set."""
+        self.version += 1
+        self.store.publish(self.version, self.learner.params_dict(), self.policy_metadata())
+        self.stats.versions_published.append(self.version)
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.learner.steps, self.learner_state(), {
+                "learner_version": self.version, "feeder_position": self.feeder.published,
+                "consumed_ids": self.consumer.seen_ids})
+
+    def learner_state(self) -> dict:
+        return learner_state_of(self.learner)  # ref_params included: the store's v0 may be gc'ed
 
     def policy_metadata(self) -> dict:
         return {"model_config": self.model_cfg.to_dict(), "step": self.learner.steps}
@@ -76,20 +95,52 @@ def build_job(args) -> LearnerJob:
     mcfg = model_config(args.model_config)
     store, learner = PolicyStore(args.policy_root), Learner(mcfg, cfg)
     tasks = load_prompts(args)
-    if args.warmstart_steps:
-        learner.params, losses = warm_start(learner.graphdef, learner.params, args.env, tasks,
-                                            args.warmstart_steps, seed=args.seed)
-        log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    ckpt = LearnerCheckpointer(args.checkpoint_dir) if args.checkpoint_dir else None
     if loss.kl_coef > 0:
-        learner.set_reference(learner.params)  # the policy RL starts from, loaded once
-    version = (store.latest_version() or -1) + 1  # never re-publish an existing version
+        learner.set_reference(learner.params)  # placeholder with the right shapes until set below
+    restored = ckpt.restore_latest(_abstract(learner_state_of(learner))) if ckpt else None
+    latest = store.latest_version()
+    if restored:
+        step, state, meta = restored
+        learner.params, learner.opt_state, learner.steps = state["params"], state["opt_state"], step
+        if "ref_params" in state:
+            learner.ref_params = state["ref_params"]
+        version = meta["learner_version"]
+    else:
+        if args.warmstart_steps:
+            learner.params, losses = warm_start(learner.graphdef, learner.params, args.env, tasks,
+                                                args.warmstart_steps, seed=args.seed)
+            log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+        if loss.kl_coef > 0:
+            learner.set_reference(learner.params)  # the policy RL starts from, loaded once
+        version = -1
     job = LearnerJob(mcfg, shapes, learner, store, feeder=None, consumer=None,
                      credits=TrajectoryCredits(credits_cfg.window), staleness=staleness,
-                     stats=RunStats(learner_version=version), buffers={(s.rows, s.seq_len): [] for s in shapes},
-                     version=version, peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
-    store.publish(version, learner.params_dict(), job.policy_metadata())
+                     stats=None, buffers={(s.rows, s.seq_len): [] for s in shapes}, version=version,
+                     peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
+                     checkpointer=ckpt, resumed_from_step=restored[0] if restored else None)
+    if not restored or (latest is not None and latest > version):
+        # A fresh start, or a crash after a publish but before its checkpoint: the workers
+        # must get these params under a version number above everything in the store.
+        job.version = max(version, -1 if latest is None else latest) + 1
+        store.publish(job.version, learner.params_dict(), job.policy_metadata())
+    job.stats = RunStats(learner_version=job.version)
     job.feeder = Feeder(args.requests_topic, tasks, job.credits, args.group_size, args.env, args.env_config,
-                        min_version=lambda: staleness.cfg.min_request_version(job.version))
+                        min_version=lambda: staleness.cfg.min_request_version(job.version),
+                        start=restored[2]["feeder_position"] if restored else 0)
     job.consumer = RecordConsumer(args.records_subscription, {(s.rows, s.seq_len) for s in shapes},
                                   args.dead_letter_topic)
+    if restored:
+        job.consumer.seen_ids = set(restored[2]["consumed_ids"])  # never train a record twice
     return job
+
+
+def learner_state_of(learner: Learner) -> dict:
+    state = {"params": learner.params, "opt_state": learner.opt_state}
+    if learner.ref_params is not None:
+        state["ref_params"] = learner.ref_params
+    return state
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)

@@ -106,6 +106,13 @@ class LearnerCheckpointer:
         log.info("restored learner checkpoint step %d from %s", step, self.directory)
         return step, restored["state"], restored["meta"]
 
+    def read_meta(self, step: int | None = None) -> dict | None:
+        """Only the JSON bookkeeping of `step` (default: the newest), without the arrays."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            return None
+        return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
     def wait_until_finished(self) -> None:
         self._mngr.wait_until_finished()
 

@@ -63,14 +63,15 @@ class TrajectoryCredits:
 
 class Feeder(threading.Thread):
     def __init__(self, topic: str, tasks, credits: TrajectoryCredits, group_size: int, env: str,
-                 env_config: dict | None = None, min_version=lambda: 0):
+                 env_config: dict | None = None, min_version=lambda: 0, start: int = 0):
         super().__init__(name="feeder", daemon=True)
         self.min_version = min_version  # () -> the oldest policy version a new request may use
         self.topic, self.credits, self.group_size = topic, credits, group_size
         self.env, self.env_config = env, env_config or {}
-        self.tasks = itertools.cycle(tasks)
+        # A resumed learner continues the prompt stream where its checkpoint left it.
+        self.tasks = itertools.islice(itertools.cycle(tasks), start % max(len(tasks), 1), None)
         self.stop_event = threading.Event()
-        self.published = 0
+        self.published = start
         self.error: BaseException | None = None
         self._run_id = uuid.uuid4().hex[:8]
 

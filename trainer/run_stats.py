@@ -21,6 +21,7 @@ class RunStats:
         self.trained_tokens = 0
         self.trained_loss_tokens = 0
         self.flops = 0.0
+        self.trained_ids: set[str] = set()
 
     def on_record(self, rec, learner_version: int) -> None:
         self.records += 1
@@ -38,6 +39,7 @@ class RunStats:
         self.last_metrics = learner.train_step(batch)
         self.step_time_s += time.monotonic() - t0
         self.trained_tokens += sum(r.num_tokens for r in batch)
+        self.trained_ids.update(r.record_id for r in batch)
         self.trained_loss_tokens += sum(r.num_loss_tokens for r in batch)
         return self.last_metrics
 
@@ -49,6 +51,8 @@ class RunStats:
         wall = time.monotonic() - self.started
         return {
             "steps": learner.steps,
+            "resumed_from_step": job.resumed_from_step,
+            "trained_record_ids": sorted(self.trained_ids),
             "policy_versions_published": self.versions_published,
             "records_consumed": self.records,
             "records_rejected": consumer.rejected,

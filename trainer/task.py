@@ -60,13 +60,16 @@ def parse_args(argv):
                    help="behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)")
     p.add_argument("--peak_tflops", type=float, default=None,
                    help="the accelerator's peak, for model-FLOPs utilisation (e.g. 197 per v5e chip)")
+    p.add_argument("--checkpoint_dir", default=os.environ.get("AIP_CHECKPOINT_DIR"),
+                   help="learner checkpoints (a dir or gs://…), saved at every policy publish; "
+                        "a restarted learner resumes from the newest")
     p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
     return p.parse_args(argv)
 
 
 def run(args) -> dict:
     job = build_job(args)
-    learner, store, staleness, stats = job.learner, job.store, job.staleness, job.stats
+    learner, staleness, stats = job.learner, job.staleness, job.stats
     job.feeder.start()
     deadline = time.monotonic() + args.timeout_s
     try:
@@ -83,14 +86,14 @@ def run(args) -> dict:
             while learner.steps < args.max_steps and (batch := job.take_batch()):
                 metrics = stats.on_step(learner, batch)
                 if learner.steps % learner.cfg.publish_every == 0:
-                    job.version += 1
-                    store.publish(job.version, learner.params_dict(), job.policy_metadata())
-                    stats.versions_published.append(job.version)
+                    job.publish_and_checkpoint()
                 log.info("step %d version %d loss %.4f reward %.3f", learner.steps, job.version,
                          metrics["losses/policy_loss"], stats.mean_reward())
     finally:
         job.feeder.stop()
         job.consumer.close()
+        if job.checkpointer is not None:
+            job.checkpointer.close()  # waits for the last save
     return stats.summary(job)
 
 
