@@ -13,8 +13,8 @@ from flax import nnx  # noqa: E402
 
 from _learner_data import random_record  # noqa: E402
 from trainer.config import ModelConfig  # noqa: E402
-from trainer.learner import Learner, LearnerConfig  # noqa: E402
-from trainer.sharding import make_mesh  # noqa: E402
+from trainer.learner import Learner, LearnerConfig, _loss_fn, batch_from_records  # noqa: E402
+from trainer.sharding import batch_sharding, make_mesh  # noqa: E402
 
 assert jax.device_count() == 8, jax.devices()
 cfg = ModelConfig(max_seq_len=64, n_heads=4, n_kv_heads=2)
@@ -23,9 +23,15 @@ out = {}
 for layout in ["single", "8x1", "4x2", "2x4"]:
     mesh = None if layout == "single" else make_mesh(*map(int, layout.split("x")))
     learner = Learner(cfg, LearnerConfig(batch_records=2, learning_rate=1e-2), mesh=mesh)
+    batch = batch_from_records(records)
+    if mesh is not None:
+        batch = jax.device_put(batch, batch_sharding(mesh))
+    grad_fn = jax.jit(jax.grad(lambda p, b: _loss_fn(learner.graphdef, learner.cfg.loss, p, None, b)[0]))
+    grads = [np.asarray(x).ravel() for x in jax.tree.leaves(nnx.to_pure_dict(grad_fn(learner.params, batch)))]
     metrics = learner.train_step(records)
     leaves = [np.asarray(x).ravel() for x in jax.tree.leaves(nnx.to_pure_dict(learner.params))]
     shard_counts = sorted({len(x.sharding.device_set) for x in jax.tree.leaves(learner.params)})
     out[layout] = {"loss": metrics["losses/policy_loss"], "grad_norm": metrics["losses/grad_norm"],
+                   "grads": np.concatenate(grads).tolist(),
                    "params": np.concatenate(leaves).tolist(), "devices_per_param": shard_counts}
 print(json.dumps(out))

@@ -120,7 +120,7 @@ def test_the_packer_translates_for_dataflow():
     comps = pipeline.components
     (packer,) = [t for t in comps.transforms.values() if t.unique_name.endswith("/PackRecords")]
     payload = rapi.ParDoPayload.FromString(packer.spec.payload)
-    assert set(payload.state_specs) == {"buffer", "armed"}
+    assert set(payload.state_specs) == {"buffer", "arrivals", "armed"}
     domains = {k: v.time_domain for k, v in payload.timer_family_specs.items()}
     assert domains == {"ts-max_wait": rapi.TimeDomain.PROCESSING_TIME, "ts-window_end": rapi.TimeDomain.EVENT_TIME}
     pcoll = comps.pcollections[next(iter(packer.inputs.values()))]

@@ -27,7 +27,11 @@ def test_meshes_give_the_same_loss_gradients_and_update_as_one_device():
         got = out[layout]
         np.testing.assert_allclose(got["loss"], base["loss"], rtol=1e-5, err_msg=layout)
         np.testing.assert_allclose(got["grad_norm"], base["grad_norm"], rtol=1e-4, err_msg=layout)
-        np.testing.assert_allclose(got["params"], base["params"], atol=2e-5, err_msg=layout)
+        np.testing.assert_allclose(got["grads"], base["grads"], rtol=1e-4, atol=1e-6, err_msg=layout)  # float32 sums in another order
+        # Adam's first step is lr * g / (|g| + eps): near-zero gradients can round either
+        # way, so the updated weights agree to within the learning rate, not bit for bit.
+        diff = np.abs(np.asarray(got["params"]) - np.asarray(base["params"]))
+        assert np.mean(diff > 2e-5) < 1e-3 and diff.max() <= 2 * 1e-2, layout
     assert out["8x1"]["devices_per_param"] == [8]  # replicated over the data axis
     assert max(out["2x4"]["devices_per_param"]) == 8 and out["2x4"] != out["8x1"]
 
