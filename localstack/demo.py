@@ -29,6 +29,7 @@ def parse_args(argv):
     p.add_argument("--workdir", default=None, help="logs, policy store and summary (default: a temp dir)")
     p.add_argument("--max_steps", type=int, default=20)
     p.add_argument("--publish_every", type=int, default=5)
+    p.add_argument("--keep_versions", type=int, default=5, help="policy versions kept in the store")
     p.add_argument("--batch_records", type=int, default=2)
     p.add_argument("--group_size", type=int, default=4)
     p.add_argument("--env", default="calculator", help="calculator, guess or code (any registered name)")
@@ -62,6 +63,7 @@ def run_local(args) -> dict:
                        f"--records_subscription={subs['records']}", f"--dead_letter_topic={topics['dead']}",
                        f"--policy_root={store}", f"--max_steps={args.max_steps}",
                        f"--publish_every={args.publish_every}", f"--batch_records={args.batch_records}",
+                       f"--keep_versions={args.keep_versions}",
                        f"--timeout_s={args.timeout_s}", f"--summary_path={summary_path}",
                        f"--warmstart_steps={args.warmstart_steps}",
                        *(["--max_staleness=0", "--max_batches_ahead=0"] if args.sync else []),

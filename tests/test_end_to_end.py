@@ -28,7 +28,9 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
 
     assert s["steps"] >= 10
     assert len(s["policy_versions_published"]) >= 3  # v0 plus at least two trained versions
-    assert PolicyStore(str(workdir / "policy-store")).latest_version() == s["policy_versions_published"][-1]
+    store = PolicyStore(str(workdir / "policy-store"))
+    assert store.latest_version() == s["policy_versions_published"][-1]
+    assert store.latest_version() in store.versions()  # gc never removes the current version
     by_version = {int(v): n for v, n in s["records_by_max_policy_version"].items()}
     assert any(v >= 1 and n > 0 for v, n in by_version.items()), f"no record from a reloaded policy: {by_version}"
     assert s["declared_record_shapes"] == ["4x256"]
@@ -50,8 +52,10 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
     version, and the run neither deadlocks nor leaves processes behind."""
     workdir = tmp_path / "sync"
     args = parse_args([f"--workdir={workdir}", "--max_steps=4", "--publish_every=1", "--warmstart_steps=0",
-                       "--tool_latency=none", "--policy_poll_s=0.1", "--timeout_s=400", "--sync"])
+                       "--tool_latency=none", "--policy_poll_s=0.1", "--timeout_s=400", "--sync",
+                       "--keep_versions=2"])
     s = run_local(args)
     assert s["steps"] == 4 and s["policy_versions_published"] == [0, 1, 2, 3, 4]
     assert set(s["staleness_histogram"]) == {"0"}
+    assert PolicyStore(str(workdir / "policy-store")).versions() == [3, 4]  # old versions collected
     assert _processes_mentioning(str(workdir)) == []

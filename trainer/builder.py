@@ -6,6 +6,7 @@ import dataclasses
 import logging
 
 import jax
+import jax.numpy as jnp
 
 import environments
 from trainer.checkpoint import LearnerCheckpointer
@@ -38,13 +39,16 @@ class LearnerJob:
     peak_flops: float | None = None  # the devices' peak FLOP/s, for utilisation
     checkpointer: LearnerCheckpointer | None = None
     resumed_from_step: int | None = None
+    publish_dtype: object = None  # e.g. jnp.bfloat16: workers get half the bytes
+    keep_versions: int = 5  # policy versions kept in the store (the current one always)
 
     def publish_and_checkpoint(self) -> None:
         """A new policy version for the workers, then a learner checkpoint that knows it:
         a restarted learner resumes at exactly this version, feeder position and dedup set."""
         self.version += 1
-        self.store.publish(self.version, self.learner.params_dict(), self.policy_metadata())
+        self.store.publish(self.version, self.learner.params_dict(), self.policy_metadata(), dtype=self.publish_dtype)
         self.stats.versions_published.append(self.version)
+        self.store.gc(self.keep_versions)
         if self.checkpointer is not None:
             self.checkpointer.save(self.learner.steps, self.learner_state(), {
                 "learner_version": self.version, "feeder_position": self.feeder.published,
@@ -118,12 +122,13 @@ def build_job(args) -> LearnerJob:
                      credits=TrajectoryCredits(credits_cfg.window), staleness=staleness,
                      stats=None, buffers={(s.rows, s.seq_len): [] for s in shapes}, version=version,
                      peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
-                     checkpointer=ckpt, resumed_from_step=restored[0] if restored else None)
+                     checkpointer=ckpt, resumed_from_step=restored[0] if restored else None,
+                     publish_dtype=jnp.bfloat16 if args.publish_bf16 else None, keep_versions=args.keep_versions)
     if not restored or (latest is not None and latest > version):
         # A fresh start, or a crash after a publish but before its checkpoint: the workers
         # must get these params under a version number above everything in the store.
         job.version = max(version, -1 if latest is None else latest) + 1
-        store.publish(job.version, learner.params_dict(), job.policy_metadata())
+        store.publish(job.version, learner.params_dict(), job.policy_metadata(), dtype=job.publish_dtype)
     job.stats = RunStats(learner_version=job.version)
     job.feeder = Feeder(args.requests_topic, tasks, job.credits, args.group_size, args.env, args.env_config,
                         min_version=lambda: staleness.cfg.min_request_version(job.version),

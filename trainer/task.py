@@ -60,6 +60,8 @@ def parse_args(argv):
                    help="behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)")
     p.add_argument("--peak_tflops", type=float, default=None,
                    help="the accelerator's peak, for model-FLOPs utilisation (e.g. 197 per v5e chip)")
+    p.add_argument("--publish_bf16", action="store_true", help="publish policy versions in bfloat16")
+    p.add_argument("--keep_versions", type=int, default=5, help="policy versions kept in the store")
     p.add_argument("--checkpoint_dir", default=os.environ.get("AIP_CHECKPOINT_DIR"),
                    help="learner checkpoints (a dir or gs://…), saved at every policy publish; "
                         "a restarted learner resumes from the newest")
