@@ -12,16 +12,15 @@ ever passed to eval/exec.
 from __future__ import annotations
 
 import ast
-import asyncio
 import dataclasses
 import hashlib
 import random
 import re
 
-from environments.base import Environment, EpisodeStatus, StepResult, Task
+from environments.base import Task
 from environments.latency import LatencyModel
-from environments.tool_calls import (FinalAnswer, Malformed, ToolCall, format_error,
-                                     format_result, parse_action)
+from environments.tool_calls import format_error, format_result
+from environments.tool_env import ToolEnvironment
 
 TOOL_NAME = "calc"
 MAX_ABS_VALUE = 10**12  # Bounds every literal and intermediate: no giant-int CPU burn.
@@ -105,65 +104,26 @@ def parse_int_answer(text: str) -> int | None:
     return int(s) if _INT_ANSWER_RE.match(s) else None
 
 
-class CalculatorEnv(Environment):
+class CalculatorEnv(ToolEnvironment):
     name = "calculator"
+    tool_name = TOOL_NAME
 
     def __init__(self, config: CalculatorConfig | None = None) -> None:
-        self.config = config or CalculatorConfig()
-        self._task: Task | None = None
-        self._done = True
+        super().__init__(config or CalculatorConfig())
 
-    async def reset(self, task: Task) -> str:
-        self._task = task
-        self._done = False
-        self._turns = 0
-        # Per-task latency stream: deterministic, yet concurrent episodes differ.
-        self._latency = self.config.tool_latency.sampler(stream=task.task_id)
-        self._info = {"turns": 0, "tool_calls": 0, "malformed_calls": 0,
-                      "unknown_tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0}
-        return task.prompt
+    async def score_answer(self, text: str) -> float:
+        guess = parse_int_answer(text)
+        return float(guess is not None and guess == parse_int_answer(self._task.target))
 
-    async def step(self, action_text: str) -> StepResult:
-        if self._task is None or self._done:
-            raise RuntimeError("step() called before reset() or after the episode ended")
-        self._turns += 1
-        self._info["turns"] = self._turns
-        action = parse_action(action_text)
-        reward, done, obs = 0.0, False, ""
-        if isinstance(action, FinalAnswer):
-            guess = parse_int_answer(action.text)
-            reward = float(guess is not None and guess == parse_int_answer(self._task.target))
-            done = True
-            self._info["status"] = EpisodeStatus.FINISHED
-        elif isinstance(action, ToolCall) and action.name == TOOL_NAME:
-            obs = await self._call_calc(action.args)
-        elif isinstance(action, ToolCall):
-            self._info["unknown_tool_calls"] += 1
-            obs = format_error(f"unknown tool {action.name}; tools: {TOOL_NAME}")
-        else:
-            assert isinstance(action, Malformed)
-            self._info["malformed_calls"] += 1
-            obs = format_error(action.reason)
-        if not done and self._turns >= self.config.max_turns:
-            done = True
-            self._info["status"] = EpisodeStatus.TRUNCATED
-        self._done = done
-        return StepResult(observation=obs, reward=reward, done=done, info=dict(self._info))
-
-    async def _call_calc(self, args: str) -> str:
-        self._info["tool_calls"] += 1
-        delay = self._latency.sample()
-        if delay > 0:
-            await asyncio.sleep(delay)  # Simulated tool wait: yields the loop to other episodes.
-        self._info["tool_latency_s"] += delay
+    async def call_tool(self, args: str) -> tuple[str, float, bool]:
         # Inline, not to_thread: input is capped at max_expression_chars, so this is
         # microseconds of CPU; a thread hop would cost more than the work.
         try:
             return format_result(str(safe_eval(args, self.config.max_expression_chars,
-                                               self.config.max_ops_per_call)))
+                                               self.config.max_ops_per_call))), 0.0, False
         except CalcError as e:
             self._info["tool_errors"] += 1
-            return format_error(str(e))
+            return format_error(str(e)), 0.0, False
 
 
 # --- Task generation -------------------------------------------------------------------

@@ -14,7 +14,6 @@ whatever the code prints or forges, it can only claim outputs, never "passed".
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -22,11 +21,11 @@ import random
 import secrets
 from typing import Any, Callable
 
-from environments.base import Environment, EpisodeStatus, StepResult, Task
+from environments.base import Task
 from environments.latency import LatencyModel
 from environments.sandbox import SandboxLimits, SandboxResult, run_python_async
-from environments.tool_calls import (FinalAnswer, Malformed, ToolCall, format_error,
-                                     format_result, parse_action)
+from environments.tool_calls import format_error, format_result
+from environments.tool_env import ToolEnvironment
 
 TOOL_NAME = "run"
 FUNC = "f"  # one short name for every task: the prompt stays a few bytes
@@ -86,49 +85,21 @@ os._exit(0)
 """
 
 
-class CodeEnv(Environment):
+class CodeEnv(ToolEnvironment):
     name = "code"
+    tool_name = TOOL_NAME
 
     def __init__(self, config: CodeConfig | None = None) -> None:
-        self.config = config or CodeConfig()
-        self._task: Task | None = None
-        self._done = True
+        super().__init__(config or CodeConfig())
 
     async def reset(self, task: Task) -> str:
-        self._task = task
-        self._done = False
-        self._turns = 0
-        self._latency = self.config.tool_latency.sampler(stream=task.task_id)
-        self._info = {"turns": 0, "tool_calls": 0, "malformed_calls": 0,
-                      "unknown_tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0,
-                      "sandbox_s": 0.0}
-        return task.prompt
+        return self._start(task, sandbox_s=0.0)
 
-    async def step(self, action_text: str) -> StepResult:
-        if self._task is None or self._done:
-            raise RuntimeError("step() called before reset() or after the episode ended")
-        self._turns += 1
-        self._info["turns"] = self._turns
-        action = parse_action(action_text)
-        reward, done, obs = 0.0, False, ""
-        if isinstance(action, FinalAnswer):
-            reward = await self._grade(action.text)
-            done = True
-            self._info["status"] = EpisodeStatus.FINISHED
-        elif isinstance(action, ToolCall) and action.name == TOOL_NAME:
-            obs = await self._run(action.args)
-        elif isinstance(action, ToolCall):
-            self._info["unknown_tool_calls"] += 1
-            obs = format_error(f"unknown tool {action.name}; tools: {TOOL_NAME}")
-        else:
-            assert isinstance(action, Malformed)
-            self._info["malformed_calls"] += 1
-            obs = format_error(action.reason)
-        if not done and self._turns >= self.config.max_turns:
-            done = True
-            self._info["status"] = EpisodeStatus.TRUNCATED
-        self._done = done
-        return StepResult(observation=obs, reward=reward, done=done, info=dict(self._info))
+    async def score_answer(self, text: str) -> float:
+        return await self._grade(text)
+
+    async def call_tool(self, args: str) -> tuple[str, float, bool]:
+        return await self._run(args), 0.0, False
 
     async def _sandbox(self, source: str, stdin: str = "", files=None) -> SandboxResult:
         r = await run_python_async(source, stdin, self.config.sandbox, files)
@@ -138,11 +109,6 @@ class CodeEnv(Environment):
         return r
 
     async def _run(self, code: str) -> str:
-        self._info["tool_calls"] += 1
-        delay = self._latency.sample()
-        if delay > 0:
-            await asyncio.sleep(delay)  # Simulated extra tool wait, on top of the real run.
-        self._info["tool_latency_s"] += delay
         if len(code) > self.config.max_code_chars:
             self._info["tool_errors"] += 1
             return format_error(f"code longer than {self.config.max_code_chars} chars")

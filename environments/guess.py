@@ -16,16 +16,15 @@ give only ~20 test tasks, (range, secret) triples give ~160k.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import random
 import re
 
-from environments.base import Environment, EpisodeStatus, StepResult, Task
+from environments.base import Task
 from environments.latency import LatencyModel
-from environments.tool_calls import (FinalAnswer, Malformed, ToolCall, format_error,
-                                     format_result, parse_action)
+from environments.tool_calls import format_error, format_result
+from environments.tool_env import ToolEnvironment
 
 TOOL_NAME = "guess"
 DEFAULT_LOW, DEFAULT_HIGH = 1, 100
@@ -76,13 +75,12 @@ def guesses_needed(width: int) -> int:
     return width.bit_length()
 
 
-class GuessEnv(Environment):
+class GuessEnv(ToolEnvironment):
     name = "guess"
+    tool_name = TOOL_NAME
 
     def __init__(self, config: GuessConfig | None = None) -> None:
-        self.config = config or GuessConfig()
-        self._task: Task | None = None
-        self._done = True
+        super().__init__(config or GuessConfig())
 
     async def reset(self, task: Task) -> str:
         # A task this env cannot play is a programming/config error, not model output.
@@ -94,57 +92,21 @@ class GuessEnv(Environment):
         if secret is None or not low <= secret <= high:
             raise ValueError(f"task {task.task_id!r}: target {task.target!r} is not an "
                              f"integer in {low}..{high}")
-        self._task, self._low, self._high, self._secret = task, low, high, secret
-        self._done = False
-        self._turns = 0
-        # Per-task latency stream: deterministic, yet concurrent episodes differ.
-        self._latency = self.config.tool_latency.sampler(stream=task.task_id)
-        self._info = {"turns": 0, "tool_calls": 0, "malformed_calls": 0,
-                      "unknown_tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0}
-        return task.prompt
+        self._low, self._high, self._secret = low, high, secret
+        return self._start(task)
 
-    async def step(self, action_text: str) -> StepResult:
-        if self._task is None or self._done:
-            raise RuntimeError("step() called before reset() or after the episode ended")
-        self._turns += 1
-        self._info["turns"] = self._turns
-        action = parse_action(action_text)
-        reward, done, obs = 0.0, False, ""
-        if isinstance(action, FinalAnswer):
-            reward = float(parse_int(action.text) == self._secret)
-            done = True
-        elif isinstance(action, ToolCall) and action.name == TOOL_NAME:
-            obs, won = await self._call_guess(action.args)
-            reward, done = float(won), won
-        elif isinstance(action, ToolCall):
-            self._info["unknown_tool_calls"] += 1
-            obs = format_error(f"unknown tool {action.name}; tools: {TOOL_NAME}")
-        else:
-            assert isinstance(action, Malformed)
-            self._info["malformed_calls"] += 1
-            obs = format_error(action.reason)
-        if done:
-            self._info["status"] = EpisodeStatus.FINISHED
-        elif self._turns >= self.config.max_turns:
-            done = True
-            self._info["status"] = EpisodeStatus.TRUNCATED
-        self._done = done
-        return StepResult(observation=obs, reward=reward, done=done, info=dict(self._info))
+    async def score_answer(self, text: str) -> float:
+        return float(parse_int(text) == self._secret)
 
-    async def _call_guess(self, args: str) -> tuple[str, bool]:
-        self._info["tool_calls"] += 1
-        delay = self._latency.sample()
-        if delay > 0:
-            await asyncio.sleep(delay)  # Simulated tool wait: yields the loop to other episodes.
-        self._info["tool_latency_s"] += delay
+    async def call_tool(self, args: str) -> tuple[str, float, bool]:
         guess = parse_int(args)
         if guess is None or not self._low <= guess <= self._high:
             self._info["tool_errors"] += 1
             what = "an integer" if guess is None else "in range"
-            return format_error(f"guess must be {what} {self._low}..{self._high}"), False
+            return format_error(f"guess must be {what} {self._low}..{self._high}"), 0.0, False
         if guess == self._secret:
-            return format_result("correct"), True
-        return format_result("higher" if guess < self._secret else "lower"), False
+            return format_result("correct"), 1.0, True
+        return format_result("higher" if guess < self._secret else "lower"), 0.0, False
 
 
 # --- Task generation -------------------------------------------------------------------
