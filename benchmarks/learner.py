@@ -37,9 +37,7 @@ import argparse
 import contextlib
 import datetime
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -47,73 +45,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 sys.path.insert(0, os.path.join(_ROOT, "tests"))  # _learner_data.random_record
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import loadavg, machine_info, print_table  # noqa: E402
 
 
 SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
 
 # ----------------------------------------------------------------------------- output
-try:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-    _console = Console(width=400)
-except ImportError:  # plain aligned text
-    _console = None
-
-
-def print_table(title: str, columns: list[str], rows: list[list], note: str = "") -> None:
-    cells = [[c if isinstance(c, str) else _fmt(c) for c in r] for r in rows]
-    if _console is not None:
-        t = Table(title=title, box=box.MARKDOWN, title_justify="left")
-        for c in columns:
-            t.add_column(c, justify="right")
-        for r in cells:
-            t.add_row(*r)
-        _console.print(t)
-    else:
-        widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)]
-        print(title)
-        print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
-        for r in cells:
-            print("  ".join(x.rjust(w) for x, w in zip(r, widths)))
-    if note:
-        print(note)
-    print(flush=True)
-
-
-def _fmt(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        if x != 0 and (abs(x) >= 1e6 or abs(x) < 1e-3):
-            return f"{x:.3g}"
-        return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
-    return str(x)
-
-
-def machine_info() -> dict:
-    info = {"python": platform.python_version(), "nproc": os.cpu_count()}
-    try:
-        info["nproc"] = int(subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip())
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
-            if line.startswith("Model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-        with open("/proc/meminfo") as f:
-            info["ram_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except (OSError, ValueError):
-        pass
-    import jax
-    info["jax"] = f"{jax.__version__} ({jax.default_backend()}, {jax.device_count()} device)"
-    return info
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
-
-
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]

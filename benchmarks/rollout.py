@@ -31,11 +31,9 @@ import cProfile
 import io
 import json
 import os
-import platform
 import pstats
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +43,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _report import fmt, loadavg, machine_info, print_table  # noqa: E402
 import numpy as np
 from _envs import ScriptedConfig, ScriptedToolEnv, oracle_lengths
 
@@ -64,66 +63,6 @@ def never(_generated) -> bool:
 
 
 # ----------------------------------------------------------------------------- output
-try:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-    _console = Console(width=400)
-except ImportError:  # plain aligned text
-    _console = None
-
-
-def print_table(title: str, columns: list[str], rows: list[list], note: str = "") -> None:
-    cells = [[c if isinstance(c, str) else _fmt(c) for c in r] for r in rows]
-    if _console is not None:
-        t = Table(title=title, box=box.MARKDOWN, title_justify="left")
-        for c in columns:
-            t.add_column(c, justify="right")
-        for r in cells:
-            t.add_row(*r)
-        _console.print(t)
-    else:
-        widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)]
-        print(title)
-        print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
-        for r in cells:
-            print("  ".join(x.rjust(w) for x, w in zip(r, widths)))
-    if note:
-        print(note)
-    print(flush=True)
-
-
-def _fmt(x) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
-    return str(x)
-
-
-def machine_info() -> dict:
-    info = {"python": platform.python_version(), "nproc": os.cpu_count()}
-    try:
-        info["nproc"] = int(subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip())
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
-            if line.startswith("Model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-        with open("/proc/meminfo") as f:
-            info["ram_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except (OSError, ValueError):
-        pass
-    import jax
-    info["jax"] = f"{jax.__version__} ({jax.default_backend()})"
-    return info
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
-
-
 # ----------------------------------------------------------------------------- samplers
 class Samplers:
     """One compiled Sampler per slot count, shared by the sections; sampler.step is
@@ -346,7 +285,7 @@ def bench_latency(samplers: Samplers, args, caps: dict[int, float]) -> dict:
         ["C", "slots", "episodes", "count/window", "eps/s", "ideal eps/s", "decode cap", "measured/ideal", "ep latency s",
          "gen s/ep", "step ms", "jit ms", "jit decode ms", "jit prefill ms", "prefill share", "wall ms/step", "decode steps", "prefill steps", "refeeds",
          "engine busy", "tokens/step"], rows,
-        f"L1 (C=1 latency) = {_fmt(L1)} s; ideal = min(C / L1, decode cap); decode cap = section-2 tok/s at "
+        f"L1 (C=1 latency) = {fmt(L1)} s; ideal = min(C / L1, decode cap); decode cap = section-2 tok/s at "
         f"S=slots / {gen_per_ep}. step ms = InferenceEngine._step; jit ms = Sampler.step inside it (all steps, then "
         f"width-1 decode and width-16 prefill steps apart; prefill share = prefill jit time / all jit time); wall ms/step "
         f"= window / steps; engine busy = time inside _step / window. eps/s = sum over the C episode loops of "

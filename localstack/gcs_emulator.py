@@ -34,6 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
+from localstack.env_vars import AppliesEnv
 from localstack.processes import ProcessGroup
 
 DEFAULT_PROJECT = "local-agentic-rl"
@@ -52,7 +53,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class GcsEmulator:
+class GcsEmulator(AppliesEnv):
     def __init__(self, bucket: str = DEFAULT_BUCKET, project: str = DEFAULT_PROJECT, *,
                  log_dir: str | os.PathLike | None = None, startup_timeout_s: float = 30.0,
                  verbose: bool = False):
@@ -146,22 +147,6 @@ class GcsEmulator:
         return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url,
                 "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator-token",
                 "GOOGLE_CLOUD_PROJECT": self.project, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-
-    def apply_env(self) -> dict[str, str]:
-        """Set env() in os.environ; restore_env() (or stop()) puts the old values back."""
-        values = self.env()
-        if self._saved_env is None:
-            self._saved_env = {k: os.environ.get(k) for k in values}
-        os.environ.update(values)
-        return values
-
-    def restore_env(self) -> None:
-        for key, old in (self._saved_env or {}).items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-        self._saved_env = None
 
     def uri(self, *parts: str) -> str:
         """gs://<bucket>/<parts...>"""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from google.api_core import exceptions as gexc
 
+from localstack.env_vars import AppliesEnv
 from localstack.processes import kill_group
 from trainer import pubsub_io
 
@@ -53,7 +54,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class PubSubEmulator:
+class PubSubEmulator(AppliesEnv):
     def __init__(
         self,
         project: str = DEFAULT_PROJECT,
@@ -199,22 +200,6 @@ class PubSubEmulator:
         if self.host is None:
             raise RuntimeError("emulator not started")
         return {pubsub_io.EMULATOR_ENV: self.host, pubsub_io.PROJECT_ENV: self.project}
-
-    def apply_env(self) -> dict[str, str]:
-        """Set env() in os.environ; restore_env() (or stop()) puts back the old values."""
-        values = self.env()
-        if self._saved_env is None:
-            self._saved_env = {k: os.environ.get(k) for k in values}
-        os.environ.update(values)
-        return values
-
-    def restore_env(self) -> None:
-        for key, old in (self._saved_env or {}).items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-        self._saved_env = None
 
     # -------------------------------------------------------------------- admin
     def _path(self, kind: str, name: str) -> str:
