@@ -34,7 +34,6 @@ The emulator (a gcloud + java process group) is stopped on exit, also on error.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import os
 import statistics
@@ -47,125 +46,11 @@ sys.path.insert(0, _ROOT)
 sys.path.insert(0, os.path.join(_ROOT, "tests"))  # _learner_data.random_record
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import loadavg, machine_info, print_table  # noqa: E402
+from _learner_common import PhaseTimer, StepCall, make_records, pct, publish_records  # noqa: E402
+from _learner_profile import bench_profile, forward_ms  # noqa: E402
 
 
 SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
-
-# ----------------------------------------------------------------------------- output
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
-
-
-# ----------------------------------------------------------------------------- data
-def make_records(first_seed: int, n: int, rows: int, seq_len: int):
-    from _learner_data import random_record
-
-    from trainer.config import ModelConfig
-    vocab = ModelConfig().vocab_size
-    return [random_record(first_seed + i, rows=rows, seq_len=seq_len, vocab=vocab) for i in range(n)]
-
-
-def publish_records(emu, topic: str, records) -> tuple[float, int]:
-    """Publish encoded records with their attributes; returns (seconds, bytes)."""
-    from trainer import pubsub_io
-    from trainer.records import attributes, encode
-    payloads = [(encode(r), attributes(r)) for r in records]
-    t0 = time.perf_counter()
-    futures = [pubsub_io.publish(emu.publisher(), topic, data, **attrs) for data, attrs in payloads]
-    for f in futures:
-        f.result(timeout=60)
-    return time.perf_counter() - t0, sum(len(d) for d, _ in payloads)
-
-
-class PhaseTimer:
-    """Wraps trainer.pubsub_io.pull / ack and trainer.consumer.decode with timers (the
-    consumer looks them up at call time, so the real poll runs with the wrappers)."""
-
-    def __init__(self):
-        self.s = {"pull": 0.0, "decode": 0.0, "ack": 0.0}
-        self.pulls = self.empty_pulls = self.messages = 0
-
-    @contextlib.contextmanager
-    def installed(self):
-        from trainer import consumer, pubsub_io
-        orig = pubsub_io.pull, pubsub_io.ack, consumer.decode
-
-        def pull(*a, **k):
-            t0 = time.perf_counter()
-            out = orig[0](*a, **k)
-            self.s["pull"] += time.perf_counter() - t0
-            self.pulls += 1
-            self.empty_pulls += not out
-            self.messages += len(out)
-            return out
-
-        def ack(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return orig[1](*a, **k)
-            finally:
-                self.s["ack"] += time.perf_counter() - t0
-
-        def decode(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return orig[2](*a, **k)
-            finally:
-                self.s["decode"] += time.perf_counter() - t0
-
-        pubsub_io.pull, pubsub_io.ack, consumer.decode = pull, ack, decode
-        try:
-            yield self
-        finally:
-            pubsub_io.pull, pubsub_io.ack, consumer.decode = orig
-
-
-class StepCall:
-    """The positional arguments Learner.train_step passes to its jitted learner._step,
-    captured on one real call (its signature changes as the learner grows: today
-    (params, opt_state, [ref_params,] batch)). Kept as shapes only: params and optimizer
-    state are donated by the call."""
-
-    def __init__(self, learner, records):
-        jitted, seen = learner._step, []
-
-        def spy(*a, **k):
-            seen.append((a, k))
-            return jitted(*a, **k)
-
-        learner._step = spy
-        try:
-            learner.train_step(records)
-        finally:
-            learner._step = jitted
-        (args, kwargs), = seen
-        if kwargs:
-            raise RuntimeError(f"train_step passed keyword arguments {sorted(kwargs)}: update StepCall")
-        self.batch_index = next(i for i, a in enumerate(args) if isinstance(a, dict) and "tokens" in a)
-        self.shapes = jax_tree_shapes(args)
-
-    def flops(self, learner) -> float:
-        """XLA's FLOPs for one compiled step (cost analysis of the lowered call)."""
-        cost = learner._step.lower(*self.shapes).compile().cost_analysis()
-        if isinstance(cost, (list, tuple)):
-            cost = cost[0]
-        return float(cost.get("flops", 0.0)) if cost else 0.0
-
-    def call_with(self, learner, device_batch):
-        """One jitted step on a device-resident batch, state threaded as train_step does."""
-        args = list(self.shapes)
-        args[0], args[1], args[self.batch_index] = learner.params, learner.opt_state, device_batch
-        if any(a is not None for i, a in enumerate(args) if i not in (0, 1, self.batch_index)):
-            raise RuntimeError("the step takes more than params, opt_state, batch (and Nones): update StepCall")
-        learner.params, learner.opt_state, metrics = learner._step(*args)
-        return metrics
-
-
-def jax_tree_shapes(tree):
-    import jax
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, tree)
-
 
 # ----------------------------------------------------------------------------- 1. ceiling
 def bench_ceiling(args, emu) -> None:
@@ -294,94 +179,6 @@ def bench_steps(args) -> None:
               "fwd = the model's forward + token log-probs alone (no loss, no gradient), jitted; "
               "slots/s counts padding too; GFLOP from compile().cost_analysis()['flops'], GFLOP/s = that / mean; "
               "variants = learner.compiled_variants() after the timed train_steps."))
-
-
-def forward_ms(learner, device_batches, n: int) -> float:
-    """Mean ms of the jitted policy forward (logits + token log-probs) on these batches."""
-    import jax
-    from flax import nnx
-
-    from trainer.model import token_logprobs
-
-    @jax.jit
-    def fwd(params, batch):
-        logits = nnx.merge(learner.graphdef, params)(batch["tokens"], batch["segment_ids"], batch["positions"])
-        return token_logprobs(logits, batch["tokens"]).sum()
-
-    jax.block_until_ready(fwd(learner.params, device_batches[0]))
-    times = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fwd(learner.params, device_batches[i % len(device_batches)]))
-        times.append(time.perf_counter() - t0)
-    return statistics.mean(times) * 1e3
-
-
-def bench_profile(args) -> None:
-    """Where one train_step's time goes inside XLA: a jax.profiler trace of --profile_steps
-    steps at --batch_records, op CPU time summed over XLA's worker threads, grouped by op
-    kind (the fusion name without its number) and by pass (from each op's HLO metadata:
-    transpose(jvp(...)) is the backward pass; the rest is the forward and the optimizer)."""
-    import collections
-    import glob
-    import re
-    import tempfile
-
-    import jax
-
-    from trainer.config import ModelConfig
-    from trainer.learner import Learner, LearnerConfig
-
-    shape, b, n = (args.rows, args.seq_len), args.batch_records, args.profile_steps
-    learner = Learner(ModelConfig(), LearnerConfig(batch_records=b))
-    batch = make_records(600_000, b, *shape)
-    call = StepCall(learner, batch)
-    hlo = learner._step.lower(*call.shapes).compile().as_text()
-    op_meta = {}
-    for line in hlo.splitlines():
-        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .*?op_name=\"([^\"]*)\"", line)
-        if m:
-            op_meta[m.group(1)] = m.group(2)
-    for _ in range(2):
-        learner.train_step(batch)
-    with tempfile.TemporaryDirectory(prefix="learner-prof-") as d:
-        t0 = time.perf_counter()
-        jax.profiler.start_trace(d)
-        for _ in range(n):
-            learner.train_step(batch)
-        jax.profiler.stop_trace()
-        wall_ms = (time.perf_counter() - t0) / n * 1e3
-        files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-        if not files:
-            print("profile: no trace written; skipped\n", flush=True)
-            return
-        data = jax.profiler.ProfileData.from_file(files[0])
-        by_kind = collections.defaultdict(lambda: [0.0, 0.0])
-        for plane in data.planes:
-            for line in plane.lines:
-                if not line.name.startswith("tf_XLAEigen"):  # XLA:CPU worker threads
-                    continue
-                for ev in line.events:
-                    if ev.name not in op_meta:  # executor bookkeeping, waits
-                        continue
-                    kind = re.sub(r"\.\d+$", "", ev.name)
-                    by_kind[kind]["transpose(" in op_meta[ev.name]] += ev.duration_ns / 1e6 / n
-    total = sum(f + bw for f, bw in by_kind.values())
-    if not total:
-        print("profile: no XLA op events found in the trace; skipped\n", flush=True)
-        return
-    rows = [[k, f + bw, f, bw, (f + bw) / total] for k, (f, bw) in
-            sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))[:args.profile_top]]
-    fwd_total = sum(f for f, _ in by_kind.values())
-    rows.append(["all ops", total, fwd_total, total - fwd_total, 1.0])  # all kinds, not only those listed
-    print_table(
-        f"2b. Inside one train_step (batch_records={b}, {shape[0]}x{shape[1]}): XLA op CPU time per step "
-        f"by op kind, {n} profiled steps",
-        ["op kind", "CPU ms", "forward+update ms", "backward ms", "share"],
-        rows,
-        note=(f"wall per profiled step {wall_ms:.0f} ms (profiler on); CPU ms sums XLA's worker threads. "
-              "ynn_fusion = XNNPACK/YNNPACK dots and attention contractions; copy_*/bitcast_* fusions are "
-              "elementwise loops that also change layout (transposes)."))
 
 
 # ----------------------------------------------------------------------------- 3. decode

@@ -1,0 +1,129 @@
+"""Data, timing and step-call helpers shared by the learner benchmark sections."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+sys.path.insert(0, os.path.join(_ROOT, "tests"))  # _learner_data.random_record
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+# ----------------------------------------------------------------------------- output
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+# ----------------------------------------------------------------------------- data
+def make_records(first_seed: int, n: int, rows: int, seq_len: int):
+    from _learner_data import random_record
+
+    from trainer.config import ModelConfig
+    vocab = ModelConfig().vocab_size
+    return [random_record(first_seed + i, rows=rows, seq_len=seq_len, vocab=vocab) for i in range(n)]
+
+
+def publish_records(emu, topic: str, records) -> tuple[float, int]:
+    """Publish encoded records with their attributes; returns (seconds, bytes)."""
+    from trainer import pubsub_io
+    from trainer.records import attributes, encode
+    payloads = [(encode(r), attributes(r)) for r in records]
+    t0 = time.perf_counter()
+    futures = [pubsub_io.publish(emu.publisher(), topic, data, **attrs) for data, attrs in payloads]
+    for f in futures:
+        f.result(timeout=60)
+    return time.perf_counter() - t0, sum(len(d) for d, _ in payloads)
+
+
+class PhaseTimer:
+    """Wraps trainer.pubsub_io.pull / ack and trainer.consumer.decode with timers (the
+    consumer looks them up at call time, so the real poll runs with the wrappers)."""
+
+    def __init__(self):
+        self.s = {"pull": 0.0, "decode": 0.0, "ack": 0.0}
+        self.pulls = self.empty_pulls = self.messages = 0
+
+    @contextlib.contextmanager
+    def installed(self):
+        from trainer import consumer, pubsub_io
+        orig = pubsub_io.pull, pubsub_io.ack, consumer.decode
+
+        def pull(*a, **k):
+            t0 = time.perf_counter()
+            out = orig[0](*a, **k)
+            self.s["pull"] += time.perf_counter() - t0
+            self.pulls += 1
+            self.empty_pulls += not out
+            self.messages += len(out)
+            return out
+
+        def ack(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return orig[1](*a, **k)
+            finally:
+                self.s["ack"] += time.perf_counter() - t0
+
+        def decode(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return orig[2](*a, **k)
+            finally:
+                self.s["decode"] += time.perf_counter() - t0
+
+        pubsub_io.pull, pubsub_io.ack, consumer.decode = pull, ack, decode
+        try:
+            yield self
+        finally:
+            pubsub_io.pull, pubsub_io.ack, consumer.decode = orig
+
+
+class StepCall:
+    """The positional arguments Learner.train_step passes to its jitted learner._step,
+    captured on one real call (its signature changes as the learner grows: today
+    (params, opt_state, [ref_params,] batch)). Kept as shapes only: params and optimizer
+    state are donated by the call."""
+
+    def __init__(self, learner, records):
+        jitted, seen = learner._step, []
+
+        def spy(*a, **k):
+            seen.append((a, k))
+            return jitted(*a, **k)
+
+        learner._step = spy
+        try:
+            learner.train_step(records)
+        finally:
+            learner._step = jitted
+        (args, kwargs), = seen
+        if kwargs:
+            raise RuntimeError(f"train_step passed keyword arguments {sorted(kwargs)}: update StepCall")
+        self.batch_index = next(i for i, a in enumerate(args) if isinstance(a, dict) and "tokens" in a)
+        self.shapes = jax_tree_shapes(args)
+
+    def flops(self, learner) -> float:
+        """XLA's FLOPs for one compiled step (cost analysis of the lowered call)."""
+        cost = learner._step.lower(*self.shapes).compile().cost_analysis()
+        if isinstance(cost, (list, tuple)):
+            cost = cost[0]
+        return float(cost.get("flops", 0.0)) if cost else 0.0
+
+    def call_with(self, learner, device_batch):
+        """One jitted step on a device-resident batch, state threaded as train_step does."""
+        args = list(self.shapes)
+        args[0], args[1], args[self.batch_index] = learner.params, learner.opt_state, device_batch
+        if any(a is not None for i, a in enumerate(args) if i not in (0, 1, self.batch_index)):
+            raise RuntimeError("the step takes more than params, opt_state, batch (and Nones): update StepCall")
+        learner.params, learner.opt_state, metrics = learner._step(*args)
+        return metrics
+
+
+def jax_tree_shapes(tree):
+    import jax
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, tree)
