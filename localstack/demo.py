@@ -53,7 +53,7 @@ def run_local(args) -> dict:
         subs = {k: emu.create_subscription(f"{v}-sub", v) for k, v in TOPICS.items()}
         env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
         py = sys.executable
-        shape = ["--rows=4", "--seq_len=256", "--max_segments_per_row=2", f"--group_size={args.group_size}"]
+        shape = ["--rows=4", "--seq_len=256", "--max_segments_per_row=2"]
         pipeline_cmd = [py, "-m", "pipelines.rollout", "--runner=BundleBasedDirectRunner", "--streaming",
                         f"--project={emu.project}", f"--requests_subscription={subs['requests']}",
                         f"--records_topic={topics['records']}", f"--dead_letter_topic={topics['dead']}",
@@ -63,7 +63,7 @@ def run_local(args) -> dict:
                        f"--records_subscription={subs['records']}", f"--dead_letter_topic={topics['dead']}",
                        f"--policy_root={store}", f"--max_steps={args.max_steps}",
                        f"--publish_every={args.publish_every}", f"--batch_records={args.batch_records}",
-                       f"--keep_versions={args.keep_versions}",
+                       f"--keep_versions={args.keep_versions}", f"--group_size={args.group_size}",
                        f"--timeout_s={args.timeout_s}", f"--summary_path={summary_path}",
                        f"--warmstart_steps={args.warmstart_steps}",
                        *(["--max_staleness=0", "--max_batches_ahead=0"] if args.sync else []),

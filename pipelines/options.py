@@ -16,7 +16,6 @@ class RolloutOptions(PipelineOptions):
         parser.add_argument("--dead_letter_topic", default=None, help="projects/P/topics/T for unrunnable requests")
         parser.add_argument("--policy_root", default=None, help="policy store root: a directory or gs://…")
         parser.add_argument("--model_config", default="tiny")
-        parser.add_argument("--group_size", type=int, default=4, help="sampler slots = max samples per request")
         parser.add_argument("--rows", type=int, default=4)
         parser.add_argument("--seq_len", type=int, default=256)
         parser.add_argument("--max_segments_per_row", type=int, default=2)

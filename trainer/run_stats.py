@@ -23,7 +23,7 @@ class RunStats:
         self.flops = 0.0
         self.trained_ids: set[str] = set()
 
-    def on_record(self, rec, learner_version: int) -> None:
+    def on_record(self, rec) -> None:
         self.records += 1
         self.tokens += rec.num_tokens
         self.loss_tokens += rec.num_loss_tokens

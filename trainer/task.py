@@ -81,7 +81,7 @@ def run(args) -> dict:
                                    f"{job.feeder.error or f'timeout after {args.timeout_s}s'}")
             for rec in job.consumer.poll(max_messages=100, timeout_s=1.0):
                 job.credits.release(len(rec.trajectories))  # received: its credits are back
-                stats.on_record(rec, job.version)
+                stats.on_record(rec)
                 if staleness.admit(rec, job.version):
                     job.buffers[rec.shape].append(rec)  # one shape per batch: one compile per bucket
             job.credits.release(job.consumer.take_dropped())
