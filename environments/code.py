@@ -22,7 +22,7 @@ import secrets
 from typing import Any, Callable
 
 from environments.base import Task
-from environments.latency import LatencyModel
+from environments.latency import LatencyModel, as_latency_model
 from environments.sandbox import SandboxLimits, SandboxResult, run_python_async
 from environments.tool_calls import format_error, format_result
 from environments.tool_env import ToolEnvironment
@@ -39,11 +39,7 @@ class CodeConfig:
     max_code_chars: int = 2048
 
     def __post_init__(self) -> None:
-        if isinstance(self.tool_latency, str):  # Accept a spec so flags can pass "fixed:0.2".
-            object.__setattr__(self, "tool_latency", LatencyModel.from_spec(self.tool_latency))
-        if not isinstance(self.tool_latency, LatencyModel):
-            raise ValueError(f"tool_latency must be a LatencyModel or spec string, "
-                             f"got {type(self.tool_latency).__name__}")
+        object.__setattr__(self, "tool_latency", as_latency_model(self.tool_latency))
         if isinstance(self.sandbox, dict):  # JSON env_config: {"sandbox": {"wall_seconds": 2}}
             object.__setattr__(self, "sandbox", SandboxLimits(**self.sandbox))
         if not isinstance(self.sandbox, SandboxLimits):

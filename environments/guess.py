@@ -22,7 +22,7 @@ import random
 import re
 
 from environments.base import Task
-from environments.latency import LatencyModel
+from environments.latency import LatencyModel, as_latency_model
 from environments.tool_calls import format_error, format_result
 from environments.tool_env import ToolEnvironment
 
@@ -43,11 +43,7 @@ class GuessConfig:
     tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
 
     def __post_init__(self) -> None:
-        if isinstance(self.tool_latency, str):  # Accept a spec so flags can pass "fixed:0.2".
-            object.__setattr__(self, "tool_latency", LatencyModel.from_spec(self.tool_latency))
-        if not isinstance(self.tool_latency, LatencyModel):
-            raise ValueError(f"tool_latency must be a LatencyModel or spec string, "
-                             f"got {type(self.tool_latency).__name__}")
+        object.__setattr__(self, "tool_latency", as_latency_model(self.tool_latency))
         for name in ("low", "high", "max_turns"):
             if not _is_int(getattr(self, name)):
                 raise ValueError(f"GuessConfig.{name} must be an int, got {getattr(self, name)!r}")

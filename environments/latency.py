@@ -91,3 +91,13 @@ class LatencySampler:
         if m.kind == "uniform":
             return self._rng.uniform(m.low, m.high)
         return self._rng.lognormvariate(math.log(m.median), m.sigma)
+
+
+def as_latency_model(value) -> LatencyModel:
+    """A config's tool_latency: a LatencyModel, or a spec string so flags and JSON
+    env_config can pass "fixed:0.2"."""
+    if isinstance(value, str):
+        return LatencyModel.from_spec(value)
+    if not isinstance(value, LatencyModel):
+        raise ValueError(f"tool_latency must be a LatencyModel or spec string, got {type(value).__name__}")
+    return value

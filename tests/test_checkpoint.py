@@ -4,9 +4,9 @@ import uuid
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
+from _trees import abstract, assert_tree_equal
 
 from localstack import gcs_emulator
 from trainer.checkpoint import CheckpointError, LearnerCheckpointer
@@ -40,17 +40,6 @@ def train_state(seed: int, steps: int = 2):
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
     return {"params": params, "opt_state": opt_state}
-
-
-def abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-
-
-def assert_tree_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert x.shape == y.shape and x.dtype == y.dtype
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def meta_for(step: int) -> dict:

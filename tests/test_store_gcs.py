@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _trees import abstract, assert_tree_equal, params_for
 
 from localstack import gcs_emulator
 from trainer.store import LATEST, PolicyStore, StoreError
@@ -35,24 +36,6 @@ def store(gcs):
 
 def prefix_of(store) -> str:
     return os.fspath(store.root).removeprefix("gs://").split("/", 1)[1]
-
-
-def params_for(v: int):
-    return {
-        "dense": {"kernel": jnp.full((4, 3), float(v), jnp.float32), "bias": jnp.arange(3, dtype=jnp.float32) + v},
-        "embed": np.full((5, 2), v, np.int32),
-    }
-
-
-def abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-
-
-def assert_tree_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert x.shape == y.shape and x.dtype == y.dtype
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_publish_then_fresh_reader_and_subprocess_reader(gcs, store, tmp_path):

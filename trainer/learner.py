@@ -104,9 +104,9 @@ class Learner:
 
     def step_flops(self, records: list[PackedRecord]) -> float:
         """FLOPs of one compiled step for this batch shape (all devices), measured once."""
-        batch = batch_from_records(records)
-        key = batch["tokens"].shape
-        if key not in self._flops:
+        key = (len(records) * records[0].shape[0], records[0].shape[1])
+        if key not in self._flops:  # the batch is only built (and lowered) once per shape
+            batch = batch_from_records(records)
             cost = self._step.lower(self.params, self.opt_state, self._reference(), batch).compile().cost_analysis()
             cost = cost[0] if isinstance(cost, list) else cost
             self._flops[key] = float(cost.get("flops", 0.0)) * (self.mesh.size if self.mesh else 1)
