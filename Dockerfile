@@ -1,4 +1,4 @@
-# Learner image for the Vertex AI custom job (trainer/vertex.py): `python -m trainer.task`
+# Learner image for the Vertex AI custom job (trainer/cloud/vertex.py): `python -m trainer.task`
 # on a Cloud TPU slice. Not built in this repository's CI (no docker engine there).
 #
 #   docker build -t us-docker.pkg.dev/$PROJECT/rl/learner:v1 .
@@ -34,6 +34,6 @@ RUN pip install --upgrade pip \
     && pip install . "jax[tpu]>=0.10,<0.11"
 
 # Fail the build, not the TPU job, if the learner cannot even be imported.
-RUN python -c "import trainer.task, trainer.distributed"
+RUN python -c "import trainer.task, trainer.cloud.distributed"
 
 ENTRYPOINT ["python", "-m", "trainer.task"]

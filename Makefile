@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean system-deps
+.PHONY: demo test lint bench clean system-deps
 
-$(STAMP): setup.py
+$(STAMP): setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -25,7 +25,13 @@ system-deps:
 demo: $(STAMP) system-deps
 	$(PY) -m localstack.demo $(ARGS)
 
-test: $(STAMP) system-deps
+# Architecture (import-linter), lint and format (ruff), then the tests.
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(STAMP) system-deps lint
 	$(PY) -m pytest -q $(ARGS) tests
 
 clean:

@@ -1,5 +1,6 @@
 """One installable distribution for the rollout pipeline (Dataflow --setup_file),
 the learner (Vertex AI custom job) and the local stack."""
+
 from setuptools import find_packages, setup
 
 setup(
@@ -22,7 +23,14 @@ setup(
         "gcsfs>=2024.6",  # Orbax reaches gs:// policy stores and checkpoints through it
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "psutil>=5.9",
-                 "gcp-storage-emulator>=2026.7.19"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "psutil>=5.9",
+            "gcp-storage-emulator>=2026.7.19",
+            "ruff>=0.6",
+            "import-linter>=2.0",
+        ],
     },
 )

@@ -7,6 +7,7 @@ ends after a fixed number of steps, whatever the model writes, so an episode's s
 `oracle_lengths`: token lengths of real oracle transcripts (calculator, code, guess),
 tokenised exactly as the rollout side does, for the packing benchmark.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ import dataclasses
 
 import environments
 from environments import Environment, EpisodeStatus, StepResult, Task
-from trainer import tokenizer
+from trainer.policy import tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +53,7 @@ class ScriptedToolEnv(Environment):
         info = {"turns": self._steps}
         if done:
             info["status"] = EpisodeStatus.FINISHED
-        return StepResult(observation="" if done else self.config.observation, reward=float(done),
-                          done=done, info=info)
+        return StepResult(observation="" if done else self.config.observation, reward=float(done), done=done, info=info)
 
 
 async def _transcript(env: Environment, oracle, task: Task, max_turns: int = 8) -> int:
@@ -68,7 +68,6 @@ async def _transcript(env: Environment, oracle, task: Task, max_turns: int = 8) 
             break
         n += len(tokenizer.encode(result.observation))
         observations.append(result.observation)
-    await env.close()
     return n
 
 
@@ -77,6 +76,7 @@ def oracle_lengths(env_name: str, n: int, seed: int = 0) -> list[int]:
     ("calculator", "guess" or "code"); code runs its real sandbox."""
     if env_name == "code":
         from environments import code
+
         tasks = code.generate_tasks(seed, n)
 
         def make():

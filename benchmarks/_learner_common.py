@@ -1,4 +1,5 @@
 """Data, timing and step-call helpers shared by the learner benchmark sections."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,15 +24,17 @@ def pct(xs: list[float], q: float) -> float:
 def make_records(first_seed: int, n: int, rows: int, seq_len: int):
     from _learner_data import random_record
 
-    from trainer.config import ModelConfig
+    from trainer.policy.config import ModelConfig
+
     vocab = ModelConfig().vocab_size
     return [random_record(first_seed + i, rows=rows, seq_len=seq_len, vocab=vocab) for i in range(n)]
 
 
 def publish_records(emu, topic: str, records) -> tuple[float, int]:
     """Publish encoded records with their attributes; returns (seconds, bytes)."""
-    from trainer import pubsub_io
-    from trainer.records import attributes, encode
+    from trainer.contracts import pubsub_io
+    from trainer.contracts.records import attributes, encode
+
     payloads = [(encode(r), attributes(r)) for r in records]
     t0 = time.perf_counter()
     futures = [pubsub_io.publish(emu.publisher(), topic, data, **attrs) for data, attrs in payloads]
@@ -41,7 +44,7 @@ def publish_records(emu, topic: str, records) -> tuple[float, int]:
 
 
 class PhaseTimer:
-    """Wraps trainer.pubsub_io.pull / ack and trainer.consumer.decode with timers (the
+    """Wraps trainer.contracts.pubsub_io.pull / ack and trainer.learning.consumer.decode with timers (the
     consumer looks them up at call time, so the real poll runs with the wrappers)."""
 
     def __init__(self):
@@ -50,7 +53,9 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def installed(self):
-        from trainer import consumer, pubsub_io
+        from trainer.contracts import pubsub_io
+        from trainer.learning import consumer
+
         orig = pubsub_io.pull, pubsub_io.ack, consumer.decode
 
         def pull(*a, **k):
@@ -90,6 +95,8 @@ class StepCall:
     state are donated by the call."""
 
     def __init__(self, learner, records):
+        from trainer.policy.model import abstract_tree
+
         jitted, seen = learner._step, []
 
         def spy(*a, **k):
@@ -101,11 +108,11 @@ class StepCall:
             learner.train_step(records)
         finally:
             learner._step = jitted
-        (args, kwargs), = seen
+        ((args, kwargs),) = seen
         if kwargs:
             raise RuntimeError(f"train_step passed keyword arguments {sorted(kwargs)}: update StepCall")
         self.batch_index = next(i for i, a in enumerate(args) if isinstance(a, dict) and "tokens" in a)
-        self.shapes = jax_tree_shapes(args)
+        self.shapes = abstract_tree(args)
 
     def flops(self, learner) -> float:
         """XLA's FLOPs for one compiled step (cost analysis of the lowered call)."""
@@ -122,8 +129,3 @@ class StepCall:
             raise RuntimeError("the step takes more than params, opt_state, batch (and Nones): update StepCall")
         learner.params, learner.opt_state, metrics = learner._step(*args)
         return metrics
-
-
-def jax_tree_shapes(tree):
-    import jax
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, tree)

@@ -1,4 +1,5 @@
 """The profile section of benchmarks/learner.py: where a train step's time goes."""
+
 from __future__ import annotations
 
 import os
@@ -11,10 +12,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 sys.path.insert(0, os.path.join(_ROOT, "tests"))  # _learner_data.random_record
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import print_table  # noqa: E402
-
-
 from _learner_common import StepCall, make_records  # noqa: E402
+from _report import print_table  # noqa: E402
 
 
 def forward_ms(learner, device_batches, n: int) -> float:
@@ -22,7 +21,7 @@ def forward_ms(learner, device_batches, n: int) -> float:
     import jax
     from flax import nnx
 
-    from trainer.model import token_logprobs
+    from trainer.policy.model import token_logprobs
 
     @jax.jit
     def fwd(params, batch):
@@ -50,8 +49,8 @@ def bench_profile(args) -> None:
 
     import jax
 
-    from trainer.config import ModelConfig
-    from trainer.learner import Learner, LearnerConfig
+    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.policy.config import ModelConfig
 
     shape, b, n = (args.rows, args.seq_len), args.batch_records, args.profile_steps
     learner = Learner(ModelConfig(), LearnerConfig(batch_records=b))
@@ -91,8 +90,10 @@ def bench_profile(args) -> None:
     if not total:
         print("profile: no XLA op events found in the trace; skipped\n", flush=True)
         return
-    rows = [[k, f + bw, f, bw, (f + bw) / total] for k, (f, bw) in
-            sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))[:args.profile_top]]
+    rows = [
+        [k, f + bw, f, bw, (f + bw) / total]
+        for k, (f, bw) in sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))[: args.profile_top]
+    ]
     fwd_total = sum(f for f, _ in by_kind.values())
     rows.append(["all ops", total, fwd_total, total - fwd_total, 1.0])  # all kinds, not only those listed
     print_table(
@@ -100,6 +101,9 @@ def bench_profile(args) -> None:
         f"by op kind, {n} profiled steps",
         ["op kind", "CPU ms", "forward+update ms", "backward ms", "share"],
         rows,
-        note=(f"wall per profiled step {wall_ms:.0f} ms (profiler on); CPU ms sums XLA's worker threads. "
-              "ynn_fusion = XNNPACK/YNNPACK dots and attention contractions; copy_*/bitcast_* fusions are "
-              "elementwise loops that also change layout (transposes)."))
+        note=(
+            f"wall per profiled step {wall_ms:.0f} ms (profiler on); CPU ms sums XLA's worker threads. "
+            "ynn_fusion = XNNPACK/YNNPACK dots and attention contractions; copy_*/bitcast_* fusions are "
+            "elementwise loops that also change layout (transposes)."
+        ),
+    )

@@ -15,6 +15,7 @@ encoded records, with two extra attributes: `flush_reason` and `packer_latency_m
 Heartbeats (the same keep-alive `pipelines.rollout` uses on the direct runners) keep
 the runner's Pub/Sub pull short so processing-time timers fire on time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from pipelines.pack_transform import PackTrajectoryGroups
 from pipelines.packing_config import PackingConfig
 from pipelines.trajectory import Trajectory
-from trainer import records
-from trainer.rollout_request import HEARTBEAT_ATTRIBUTE
+from trainer.contracts import records
+from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 
 
 class ParseGroupFn(beam.DoFn):
@@ -45,13 +46,22 @@ class ParseGroupFn(beam.DoFn):
         group = []
         for i, n in enumerate(d["lengths"]):
             mask = np.zeros(n, np.uint8)
-            mask[n // 3:] = 1  # some prompt, then policy tokens
-            group.append(Trajectory(
-                trajectory_id=f"{d['request_id']}/{i}", request_id=d["request_id"], task_id="bench",
-                tokens=(np.arange(n) % 256).astype(np.int32), loss_mask=mask,
-                behaviour_logprobs=np.where(mask == 1, -1.0, 0.0).astype(np.float32),
-                policy_versions=np.where(mask == 1, 0, -1).astype(np.int32), reward=float(i % 2),
-                status="finished", advantage=0.5 if i % 2 else -0.5, finished_at=float(d["finished_at"])))
+            mask[n // 3 :] = 1  # some prompt, then policy tokens
+            group.append(
+                Trajectory(
+                    trajectory_id=f"{d['request_id']}/{i}",
+                    request_id=d["request_id"],
+                    task_id="bench",
+                    tokens=(np.arange(n) % 256).astype(np.int32),
+                    loss_mask=mask,
+                    behaviour_logprobs=np.where(mask == 1, -1.0, 0.0).astype(np.float32),
+                    policy_versions=np.where(mask == 1, 0, -1).astype(np.int32),
+                    reward=float(i % 2),
+                    status="finished",
+                    advantage=0.5 if i % 2 else -0.5,
+                    finished_at=float(d["finished_at"]),
+                )
+            )
         yield group
 
 
@@ -75,18 +85,26 @@ def main(argv=None) -> None:
     args, beam_argv = ap.parse_known_args(argv)
     options = PipelineOptions(beam_argv)
     options.view_as(StandardOptions).streaming = True
-    cfg = PackingConfig(buckets=(args.seq_len,), rows=args.rows, max_segments_per_row=args.max_segments_per_row,
-                        max_wait_s=args.max_wait_s, window_s=args.window_s)
+    cfg = PackingConfig(
+        buckets=(args.seq_len,),
+        rows=args.rows,
+        max_segments_per_row=args.max_segments_per_row,
+        max_wait_s=args.max_wait_s,
+        window_s=args.window_s,
+    )
     if args.heartbeat_s > 0:
         from pipelines.rollout import start_heartbeat
+
         start_heartbeat(args.input_subscription, args.heartbeat_s)
     with beam.Pipeline(options=options) as p:
-        (p
-         | "Read" >> beam.io.ReadFromPubSub(subscription=args.input_subscription, with_attributes=True)
-         | "ParseGroups" >> beam.ParDo(ParseGroupFn())
-         | "Pack" >> PackTrajectoryGroups(cfg, keep_flush_info=True)
-         | "ToMessages" >> beam.Map(to_message)
-         | "Write" >> beam.io.WriteToPubSub(args.output_topic, with_attributes=True))
+        (
+            p
+            | "Read" >> beam.io.ReadFromPubSub(subscription=args.input_subscription, with_attributes=True)
+            | "ParseGroups" >> beam.ParDo(ParseGroupFn())
+            | "Pack" >> PackTrajectoryGroups(cfg, keep_flush_info=True)
+            | "ToMessages" >> beam.Map(to_message)
+            | "Write" >> beam.io.WriteToPubSub(args.output_topic, with_attributes=True)
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Shared output helpers for the benchmark scripts: tables and the machine they ran on."""
+
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ try:
     from rich import box
     from rich.console import Console
     from rich.table import Table
+
     _console = Console(width=400)
 except ImportError:  # plain aligned text
     _console = None
@@ -56,6 +58,7 @@ def machine_info() -> dict:
     except (OSError, ValueError):
         pass
     import jax
+
     info["jax"] = f"{jax.__version__} ({jax.default_backend()}, {jax.device_count()} device)"
     return info
 

@@ -1,4 +1,5 @@
 """Sections 3 and 4 of benchmarks/rollout.py: packing fill and flush latency."""
+
 from __future__ import annotations
 
 import json
@@ -14,11 +15,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _report import print_table  # noqa: E402
 import numpy as np
 from _envs import oracle_lengths
+from _report import print_table
 
-from trainer.config import RecordShape
+from trainer.contracts.record_shape import RecordShape
 
 LENGTH = 256  # record row length = the sampler KV length in benchmarks/rollout.py
 
@@ -30,27 +31,38 @@ def length_pools(n_per_env: int) -> dict[str, list[int]]:
     for env in ("calculator", "code", "guess"):
         try:
             pools[env] = oracle_lengths(env, n_per_env)
-        except Exception as e:  # noqa: BLE001 - e.g. no sandbox: report, keep the others
+        except Exception as e:
             print(f"[packing] no {env} transcripts: {type(e).__name__}: {e}")
-    print("[packing] oracle transcripts: " + ", ".join(
-        f"{k}: n={len(v)} min={min(v)} median={int(np.median(v))} max={max(v)}" for k, v in pools.items())
-        + f" ({time.perf_counter() - t0:.1f} s)")
+    print(
+        "[packing] oracle transcripts: "
+        + ", ".join(f"{k}: n={len(v)} min={min(v)} median={int(np.median(v))} max={max(v)}" for k, v in pools.items())
+        + f" ({time.perf_counter() - t0:.1f} s)"
+    )
     return pools
 
 
 def _traj(tid: str, n: int):
     from pipelines.trajectory import Trajectory
+
     mask = np.zeros(n, np.uint8)
-    mask[n // 3:] = 1
-    return Trajectory(trajectory_id=tid, request_id=tid.split("/")[0], task_id="bench",
-                      tokens=(np.arange(n) % 256).astype(np.int32), loss_mask=mask,
-                      behaviour_logprobs=np.where(mask == 1, -1.0, 0.0).astype(np.float32),
-                      policy_versions=np.where(mask == 1, 0, -1).astype(np.int32), reward=0.0,
-                      status="finished", advantage=0.5)
+    mask[n // 3 :] = 1
+    return Trajectory(
+        trajectory_id=tid,
+        request_id=tid.split("/")[0],
+        task_id="bench",
+        tokens=(np.arange(n) % 256).astype(np.int32),
+        loss_mask=mask,
+        behaviour_logprobs=np.where(mask == 1, -1.0, 0.0).astype(np.float32),
+        policy_versions=np.where(mask == 1, 0, -1).astype(np.int32),
+        reward=0.0,
+        status="finished",
+        advantage=0.5,
+    )
 
 
-def sample_stream(pools: dict[str, list[int]], envs: tuple[str, ...], n: int, group: int, seed: int,
-                  max_len: int) -> list[int]:
+def sample_stream(
+    pools: dict[str, list[int]], envs: tuple[str, ...], n: int, group: int, seed: int, max_len: int
+) -> list[int]:
     """Lengths in arrival order: groups of `group` trajectories of one env (chosen per
     group), each an independent draw from that env's oracle lengths, cut to max_len as
     FitToBuckets(overlong="truncate") does."""
@@ -63,8 +75,14 @@ def sample_stream(pools: dict[str, list[int]], envs: tuple[str, ...], n: int, gr
     return out[:n]
 
 
-def stream_pack(lengths: list[int], shape: RecordShape, rate: float, max_wait_s: float | None,
-                rearm: bool = False, extra_rows: int = 0) -> dict:
+def stream_pack(
+    lengths: list[int],
+    shape: RecordShape,
+    rate: float,
+    max_wait_s: float | None,
+    rearm: bool = False,
+    extra_rows: int = 0,
+) -> dict:
     """The packer's logic on a stream arriving at `rate` trajectories/s (simulated clock),
     as PackRecordsFn does it: after each arrival take_full_records; a max-wait flush packs
     the whole buffer max_wait_s after the first trajectory entered an EMPTY buffer (the
@@ -73,6 +91,7 @@ def stream_pack(lengths: list[int], shape: RecordShape, rate: float, max_wait_s:
     rearm=True restarts the max-wait clock at the oldest trajectory still buffered after a
     full record leaves; extra_rows > 0 keeps that many extra rows buffered before emitting."""
     from pipelines.packing import build_record, first_fit_decreasing, pack, take_full_records
+
     buffer, first, arrived = [], None, {}
     emitted = {"full": [], "max_wait": [], "final": []}
 
@@ -81,12 +100,13 @@ def stream_pack(lengths: list[int], shape: RecordShape, rate: float, max_wait_s:
             return take_full_records(buf, shape)
         ready = []
         while True:
-            rows = first_fit_decreasing([len(t) for t in buf], shape.seq_len, shape.max_segments_per_row,
-                                        [t.trajectory_id for t in buf])
+            rows = first_fit_decreasing(
+                [len(t) for t in buf], shape.seq_len, shape.max_segments_per_row, [t.trajectory_id for t in buf]
+            )
             if len(rows) <= shape.rows + extra_rows:
                 return ready, buf
-            ready.append(build_record(buf, rows[:shape.rows], shape))
-            used = {i for r in rows[:shape.rows] for i in r}
+            ready.append(build_record(buf, rows[: shape.rows], shape))
+            used = {i for r in rows[: shape.rows] for i in r}
             buf = [t for i, t in enumerate(buf) if i not in used]
 
     for i, n in enumerate(lengths):
@@ -114,26 +134,46 @@ def stream_pack(lengths: list[int], shape: RecordShape, rate: float, max_wait_s:
 
     allrecs = [r for v in emitted.values() for r in v]
     assert sum(len(r.trajectories) for r in allrecs) == len(lengths)
-    return {"records": len(allrecs), "full": len(emitted["full"]), "max_wait": len(emitted["max_wait"]),
-            "final": len(emitted["final"]), "fill_full": fill(emitted["full"]),
-            "fill_stream": fill(emitted["full"] + emitted["max_wait"]), "fill_all": fill(allrecs),
-            "per_row": len(lengths) / (len(allrecs) * shape.rows)}
+    return {
+        "records": len(allrecs),
+        "full": len(emitted["full"]),
+        "max_wait": len(emitted["max_wait"]),
+        "final": len(emitted["final"]),
+        "fill_full": fill(emitted["full"]),
+        "fill_stream": fill(emitted["full"] + emitted["max_wait"]),
+        "fill_all": fill(allrecs),
+        "per_row": len(lengths) / (len(allrecs) * shape.rows),
+    }
 
 
-PACK_SHAPES = (RecordShape(4, 256, 2), RecordShape(8, 256, 2), RecordShape(8, 256, 8), RecordShape(16, 256, 8),
-               RecordShape(8, 512, 8), RecordShape(4, 1024, 16))
+PACK_SHAPES = (
+    RecordShape(4, 256, 2),
+    RecordShape(8, 256, 2),
+    RecordShape(8, 256, 8),
+    RecordShape(16, 256, 8),
+    RecordShape(8, 512, 8),
+    RecordShape(4, 1024, 16),
+)
 
 
 def bench_packing(args, pools: dict[str, list[int]]) -> None:
     waits = args.pack_waits
     policies = [("final flush only", None, False, 0)]
     for x in waits:
-        policies += [(f"max-wait {x:g} s (as implemented)", x, False, 0), (f"max-wait {x:g} s, re-armed (sim)", x, True, 0)]
+        policies += [
+            (f"max-wait {x:g} s (as implemented)", x, False, 0),
+            (f"max-wait {x:g} s, re-armed (sim)", x, True, 0),
+        ]
     policies.append((f"max-wait {waits[-1]:g} s, re-armed, +1 record buffered (sim)", waits[-1], True, -1))
-    short = [policies[0], (f"max-wait {waits[0]:g} s (as implemented)", waits[0], False, 0),
-             (f"max-wait {waits[-1]:g} s, re-armed (sim)", waits[-1], True, 0)]
-    for mix, envs, pols in (("calc+code", ("calculator", "code"), policies),
-                            ("calc+code+guess", ("calculator", "code", "guess"), short)):
+    short = [
+        policies[0],
+        (f"max-wait {waits[0]:g} s (as implemented)", waits[0], False, 0),
+        (f"max-wait {waits[-1]:g} s, re-armed (sim)", waits[-1], True, 0),
+    ]
+    for mix, envs, pols in (
+        ("calc+code", ("calculator", "code"), policies),
+        ("calc+code+guess", ("calculator", "code", "guess"), short),
+    ):
         if not all(e in pools for e in envs):
             continue
         lengths = sample_stream(pools, envs, args.packing_n, 4, seed=1, max_len=LENGTH)
@@ -141,17 +181,38 @@ def bench_packing(args, pools: dict[str, list[int]]) -> None:
         for shape in PACK_SHAPES:
             for label, wait, rearm, extra in pols:
                 r = stream_pack(lengths, shape, args.traj_rate, wait, rearm, shape.rows if extra < 0 else extra)
-                rows.append([f"{shape.rows}x{shape.seq_len}", shape.max_segments_per_row, label, r["records"],
-                             f"{r['full']}/{r['max_wait']}/{r['final']}", _pct(r["fill_full"]),
-                             _pct(r["fill_stream"]), _pct(r["fill_all"]), r["per_row"]])
+                rows.append(
+                    [
+                        f"{shape.rows}x{shape.seq_len}",
+                        shape.max_segments_per_row,
+                        label,
+                        r["records"],
+                        f"{r['full']}/{r['max_wait']}/{r['final']}",
+                        _pct(r["fill_full"]),
+                        _pct(r["fill_stream"]),
+                        _pct(r["fill_all"]),
+                        r["per_row"],
+                    ]
+                )
         print_table(
             f"3. Packing fill, {mix} oracle-transcript lengths (mean {np.mean(lengths):.0f}, "
             f"min {min(lengths)}, max {max(lengths)} tokens): {len(lengths)} trajectories in groups of 4 "
             f"arriving at {args.traj_rate:g} traj/s (simulated clock)",
-            ["shape", "max seg/row", "flush policy", "records", "full/max-wait/final", "fill (full recs)",
-             "fill (stream)", "fill (all)", "traj/row"], rows,
+            [
+                "shape",
+                "max seg/row",
+                "flush policy",
+                "records",
+                "full/max-wait/final",
+                "fill (full recs)",
+                "fill (stream)",
+                "fill (all)",
+                "traj/row",
+            ],
+            rows,
             "fill = non-pad tokens / all tokens of the records. 'stream' = full + max-wait records (what a running "
-            "job emits); 'all' adds the end-of-stream flush. (sim) = simulated packer policy, not in pipelines/ today.")
+            "job emits); 'all' adds the end-of-stream flush. (sim) = simulated packer policy, not in pipelines/ today.",
+        )
 
 
 def _pct(x):
@@ -162,21 +223,31 @@ def _pct(x):
 def bench_flush(args, lengths: list[int]) -> None:
     from localstack.processes import ProcessGroup
     from localstack.pubsub_emulator import PubSubEmulator
-    from trainer import pubsub_io, records
+    from trainer.contracts import pubsub_io, records
 
     shape = (args.flush_rows, LENGTH)
     workdir = tempfile.mkdtemp(prefix="bench-flush-")
     t_start = time.perf_counter()
     with PubSubEmulator(log_dir=os.path.join(workdir, "emulator")) as emu:
         tin, tout = emu.create_topic("bench-groups"), emu.create_topic("bench-records")
-        sin, sout = emu.create_subscription("bench-groups-sub", "bench-groups"), \
-            emu.create_subscription("bench-records-sub", "bench-records")
+        sin, sout = (
+            emu.create_subscription("bench-groups-sub", "bench-groups"),
+            emu.create_subscription("bench-records-sub", "bench-records"),
+        )
         env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
-        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_packer_pipeline.py"),
-               "--runner=BundleBasedDirectRunner", "--streaming", f"--project={emu.project}",
-               f"--input_subscription={sin}", f"--output_topic={tout}", f"--rows={args.flush_rows}",
-               f"--seq_len={LENGTH}", f"--max_segments_per_row={args.flush_segments}",
-               f"--max_wait_s={args.max_wait_s}"]
+        cmd = [
+            sys.executable,
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "_packer_pipeline.py"),
+            "--runner=BundleBasedDirectRunner",
+            "--streaming",
+            f"--project={emu.project}",
+            f"--input_subscription={sin}",
+            f"--output_topic={tout}",
+            f"--rows={args.flush_rows}",
+            f"--seq_len={LENGTH}",
+            f"--max_segments_per_row={args.flush_segments}",
+            f"--max_wait_s={args.max_wait_s}",
+        ]
         pub, sub = emu.publisher(), pubsub_io.subscriber_client(emu.env()[pubsub_io.EMULATOR_ENV])
         got: list[tuple[float, dict, list[str]]] = []
         stop = threading.Event()
@@ -187,8 +258,13 @@ def bench_flush(args, lengths: list[int]) -> None:
                 pubsub_io.ack(sub, sout, [m.ack_id for m in msgs])
                 for m in msgs:
                     rec = records.decode(m.message.data, shape)
-                    got.append((m.message.publish_time.timestamp(), dict(m.message.attributes),
-                                [t.trajectory_id for t in rec.trajectories]))
+                    got.append(
+                        (
+                            m.message.publish_time.timestamp(),
+                            dict(m.message.attributes),
+                            [t.trajectory_id for t in rec.trajectories],
+                        )
+                    )
 
         finished: dict[str, float] = {}
         phase_of: dict[str, str] = {}
@@ -200,8 +276,9 @@ def bench_flush(args, lengths: list[int]) -> None:
             for i in range(4):
                 finished[f"{rid}/{i}"] = now
                 phase_of[f"{rid}/{i}"] = phase
-            return pubsub_io.publish(pub, tin, json.dumps({"request_id": rid, "finished_at": now,
-                                                           "lengths": lg}).encode())
+            return pubsub_io.publish(
+                pub, tin, json.dumps({"request_id": rid, "finished_at": now, "lengths": lg}).encode()
+            )
 
         th = threading.Thread(target=puller, daemon=True)
         th.start()
@@ -253,18 +330,44 @@ def bench_flush(args, lengths: list[int]) -> None:
         reasons = {}
         for a in recs:
             reasons[a.get("flush_reason")] = reasons.get(a.get("flush_reason"), 0) + 1
-        packer = np.array([float(a["packer_latency_ms"]) for a in recs if a.get("packer_latency_ms") not in (None, "None")])
+        packer = np.array(
+            [float(a["packer_latency_ms"]) for a in recs if a.get("packer_latency_ms") not in (None, "None")]
+        )
         fill = statistics.fmean(int(a["num_tokens"]) / (args.flush_rows * LENGTH) for a in recs) if recs else None
         q = (lambda x, v: float(np.percentile(x, v))) if len(lat) else (lambda x, v: None)
-        rows.append([p, len(tids), len(lat), len(recs), q(lat, 50), q(lat, 95), q(lat, 99),
-                     float(lat.max()) if len(lat) else None,
-                     float(np.percentile(packer, 95)) if len(packer) else None,
-                     " ".join(f"{k}:{v}" for k, v in sorted(reasons.items())), _pct(fill)])
+        rows.append(
+            [
+                p,
+                len(tids),
+                len(lat),
+                len(recs),
+                q(lat, 50),
+                q(lat, 95),
+                q(lat, 99),
+                float(lat.max()) if len(lat) else None,
+                float(np.percentile(packer, 95)) if len(packer) else None,
+                " ".join(f"{k}:{v}" for k, v in sorted(reasons.items())),
+                _pct(fill),
+            ]
+        )
     print_table(
         f"4. Flush latency (packer alone, BundleBasedDirectRunner, emulator): shape {args.flush_rows}x{LENGTH}, "
         f"{args.flush_segments} seg/row, max_wait {args.max_wait_s:g} s, {args.flush_phase_s:g} s per rate",
-        ["traj/s", "trajectories", "seen", "records", "p50 ms", "p95 ms", "p99 ms", "max ms",
-         "packer p95 ms", "flush reasons", "mean fill"], rows,
+        [
+            "traj/s",
+            "trajectories",
+            "seen",
+            "records",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "max ms",
+            "packer p95 ms",
+            "flush reasons",
+            "mean fill",
+        ],
+        rows,
         f"latency per trajectory = record's Pub/Sub publish_time - the trajectory's finished_at (stamped when its "
         f"group was published to the input topic). packer p95 = the packer's own emit time - oldest finished_at "
-        f"in the record (per record). Pipeline ready after {ready_s:.0f} s.")
+        f"in the record (per record). Pipeline ready after {ready_s:.0f} s.",
+    )

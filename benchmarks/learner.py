@@ -5,9 +5,9 @@ record decode and consumer poll throughput.
     python benchmarks/learner.py --quick    # a short run of everything (~1.5-2 min)
     python benchmarks/learner.py --sections steps,decode
 
-Tiny model (trainer.config.ModelConfig() defaults, random init), JAX on CPU. Records are
+Tiny model (trainer.policy.config.ModelConfig() defaults, random init), JAX on CPU. Records are
 built by tests/_learner_data.random_record (1-3 segments per row, a 4-token prompt
-then generated tokens), encoded with trainer.records.encode and attributes().
+then generated tokens), encoded with trainer.contracts.records.encode and attributes().
 
 1. ceiling: start the Pub/Sub emulator, pre-fill a subscription with --records packed
    records of [--rows, --seq_len], then run the real loop of trainer/task.py without the
@@ -15,7 +15,7 @@ then generated tokens), encoded with trainer.records.encode and attributes().
    Learner.train_step(batch_records records) until every record is trained. The step is
    compiled beforehand on other records (compile time shown apart). Duty cycle = time
    inside train_step / wall time of the loop. pull / decode / ack are timed by wrapping
-   trainer.pubsub_io.pull, trainer.pubsub_io.ack and trainer.consumer.decode.
+   trainer.contracts.pubsub_io.pull, trainer.contracts.pubsub_io.ack and trainer.learning.consumer.decode.
 2. steps: Learner.train_step at batch_records 1, 2, 4, 8 after warm-up: mean/p50/p95 of
    the whole call (stack the records, host->device, jitted step, metrics to floats), the
    jitted step alone on a device-resident batch (block_until_ready), tokens/s, and
@@ -24,13 +24,14 @@ then generated tokens), encoded with trainer.records.encode and attributes().
    and the model's forward alone for comparison.
    profile: a jax.profiler trace of a few steps at --batch_records; XLA op CPU time by op
    kind, forward+update against backward.
-3. decode: trainer.records.decode alone (in-process) for [4,256] and [8,512] records,
+3. decode: trainer.contracts.records.decode alone (in-process) for [4,256] and [8,512] records,
    with the share spent in PackedRecord.validate; then RecordConsumer.poll throughput
    (messages pulled + decoded + acked per second) from a pre-filled subscription
    (section "poll"), at max_messages 10 (what trainer/task.py asks for) and 100.
 
 The emulator (a gcloud + java process group) is stopped on exit, also on error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,18 +46,18 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 sys.path.insert(0, os.path.join(_ROOT, "tests"))  # _learner_data.random_record
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import loadavg, machine_info, print_table  # noqa: E402
 from _learner_common import PhaseTimer, StepCall, make_records, pct, publish_records  # noqa: E402
 from _learner_profile import bench_profile, forward_ms  # noqa: E402
-
+from _report import loadavg, machine_info, print_table  # noqa: E402
 
 SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
 
+
 # ----------------------------------------------------------------------------- 1. ceiling
 def bench_ceiling(args, emu) -> None:
-    from trainer.config import ModelConfig
-    from trainer.consumer import RecordConsumer
-    from trainer.learner import Learner, LearnerConfig
+    from trainer.learning.consumer import RecordConsumer
+    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.policy.config import ModelConfig
 
     shape = (args.rows, args.seq_len)
     name = f"bench-ceiling-{os.getpid()}"
@@ -64,8 +65,11 @@ def bench_ceiling(args, emu) -> None:
     sub = emu.create_subscription(name + "-sub", name, ack_deadline_s=600)
     records = make_records(100_000, args.records, *shape)
     pub_s, nbytes = publish_records(emu, topic, records)
-    print(f"published {len(records)} records of {shape[0]}x{shape[1]} ({nbytes / len(records) / 1e3:.1f} kB each) "
-          f"in {pub_s:.2f} s ({len(records) / pub_s:.0f} msg/s)", flush=True)
+    print(
+        f"published {len(records)} records of {shape[0]}x{shape[1]} ({nbytes / len(records) / 1e3:.1f} kB each) "
+        f"in {pub_s:.2f} s ({len(records) / pub_s:.0f} msg/s)",
+        flush=True,
+    )
 
     learner = Learner(ModelConfig(), LearnerConfig(batch_records=args.batch_records))
     warm = make_records(200_000, args.batch_records, *shape)
@@ -89,7 +93,7 @@ def bench_ceiling(args, emu) -> None:
                 buffers[rec.shape].append(rec)
             for buf in buffers.values():
                 while len(buf) >= args.batch_records:
-                    batch, buf[:] = buf[:args.batch_records], buf[args.batch_records:]
+                    batch, buf[:] = buf[: args.batch_records], buf[args.batch_records :]
                     t0 = time.perf_counter()
                     learner.train_step(batch)
                     train_s += time.perf_counter() - t0
@@ -107,36 +111,72 @@ def bench_ceiling(args, emu) -> None:
     print_table(
         f"1. Learner-alone ceiling: {trained} records {shape[0]}x{shape[1]} from a pre-filled emulator "
         f"subscription, batch_records={args.batch_records}, poll(max_messages=10)",
-        ["wall s", "steps", "steps/s", "tokens/s", "loss tokens/s", "tokens/s in step", "duty cycle",
-         "records/s", "compile s"],
-        [[wall, steps, steps / wall, tokens / wall, loss_tokens / wall, tokens / train_s if train_s else None,
-          train_s / wall, trained / wall, compile_s]],
-        note=(f"tokens = non-pad tokens ({tokens / trained:.0f} per record of {shape[0] * shape[1]}); "
-              f"loss tokens = loss_mask 1 ({loss_tokens / trained:.0f} per record); "
-              f"duty cycle = time inside train_step / wall."))
+        [
+            "wall s",
+            "steps",
+            "steps/s",
+            "tokens/s",
+            "loss tokens/s",
+            "tokens/s in step",
+            "duty cycle",
+            "records/s",
+            "compile s",
+        ],
+        [
+            [
+                wall,
+                steps,
+                steps / wall,
+                tokens / wall,
+                loss_tokens / wall,
+                tokens / train_s if train_s else None,
+                train_s / wall,
+                trained / wall,
+                compile_s,
+            ]
+        ],
+        note=(
+            f"tokens = non-pad tokens ({tokens / trained:.0f} per record of {shape[0] * shape[1]}); "
+            f"loss tokens = loss_mask 1 ({loss_tokens / trained:.0f} per record); "
+            f"duty cycle = time inside train_step / wall."
+        ),
+    )
     other = wall - train_s - sum(phases.s.values())
     print_table(
         "1b. Where the loop's wall time went",
         ["train_step s", "pull s", "decode s", "ack s", "other s", "pulls", "empty pulls", "msgs/pull"],
-        [[train_s, phases.s["pull"], phases.s["decode"], phases.s["ack"], other, phases.pulls,
-          phases.empty_pulls, phases.messages / phases.pulls if phases.pulls else None]],
-        note=(f"shares of wall: train {train_s / wall:.1%}, pull {phases.s['pull'] / wall:.1%}, "
-              f"decode {phases.s['decode'] / wall:.1%}, ack {phases.s['ack'] / wall:.1%}, other {other / wall:.1%}"))
+        [
+            [
+                train_s,
+                phases.s["pull"],
+                phases.s["decode"],
+                phases.s["ack"],
+                other,
+                phases.pulls,
+                phases.empty_pulls,
+                phases.messages / phases.pulls if phases.pulls else None,
+            ]
+        ],
+        note=(
+            f"shares of wall: train {train_s / wall:.1%}, pull {phases.s['pull'] / wall:.1%}, "
+            f"decode {phases.s['decode'] / wall:.1%}, ack {phases.s['ack'] / wall:.1%}, other {other / wall:.1%}"
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------- 2. steps
 def bench_steps(args) -> None:
     import jax
 
-    from trainer.config import ModelConfig
-    from trainer.learner import Learner, LearnerConfig, batch_from_records
+    from trainer.learning.learner import Learner, LearnerConfig, batch_from_records
+    from trainer.policy.config import ModelConfig
 
     shape = (args.rows, args.seq_len)
     pool = make_records(300_000, max(args.batch_sizes) * 2, *shape)
     rows = []
     for b in args.batch_sizes:
         learner = Learner(ModelConfig(), LearnerConfig(batch_records=b))
-        batches = [pool[:b], pool[b:2 * b]]  # alternate two batches
+        batches = [pool[:b], pool[b : 2 * b]]  # alternate two batches
         t0 = time.perf_counter()
         call = StepCall(learner, batches[0])  # the first train_step: compiles
         compile_s = time.perf_counter() - t0
@@ -164,26 +204,58 @@ def bench_steps(args) -> None:
         tok = statistics.mean(sum(r.num_tokens for r in x) for x in batches)
         ltok = statistics.mean(sum(r.num_loss_tokens for r in x) for x in batches)
         mean = statistics.mean(times)
-        rows.append([b, b * shape[0], mean * 1e3, pct(times, 50) * 1e3, pct(times, 95) * 1e3,
-                     statistics.mean(jit_times) * 1e3, fwd_ms, tok / mean, ltok / mean, b * shape[0] * shape[1] / mean,
-                     flops / 1e9, flops / mean / 1e9, compile_s, variants])
+        rows.append(
+            [
+                b,
+                b * shape[0],
+                mean * 1e3,
+                pct(times, 50) * 1e3,
+                pct(times, 95) * 1e3,
+                statistics.mean(jit_times) * 1e3,
+                fwd_ms,
+                tok / mean,
+                ltok / mean,
+                b * shape[0] * shape[1] / mean,
+                flops / 1e9,
+                flops / mean / 1e9,
+                compile_s,
+                variants,
+            ]
+        )
         print(f"  batch_records={b}: done ({args.steps} timed steps, load {loadavg()})", flush=True)
     print_table(
         f"2. Learner.train_step against batch size: records {shape[0]}x{shape[1]}, {args.warmup} warm-up + "
         f"{args.steps} timed steps each",
-        ["batch_records", "rows", "mean ms", "p50 ms", "p95 ms", "jit-only ms", "fwd ms", "tokens/s", "loss tokens/s",
-         "slots/s", "GFLOP/step", "GFLOP/s", "compile s", "variants"],
+        [
+            "batch_records",
+            "rows",
+            "mean ms",
+            "p50 ms",
+            "p95 ms",
+            "jit-only ms",
+            "fwd ms",
+            "tokens/s",
+            "loss tokens/s",
+            "slots/s",
+            "GFLOP/step",
+            "GFLOP/s",
+            "compile s",
+            "variants",
+        ],
         rows,
-        note=("ms = one train_step call (stack records, host->device, jitted step, metrics to float); "
-              "jit-only = learner._step on a device-resident batch + block_until_ready; "
-              "fwd = the model's forward + token log-probs alone (no loss, no gradient), jitted; "
-              "slots/s counts padding too; GFLOP from compile().cost_analysis()['flops'], GFLOP/s = that / mean; "
-              "variants = learner.compiled_variants() after the timed train_steps."))
+        note=(
+            "ms = one train_step call (stack records, host->device, jitted step, metrics to float); "
+            "jit-only = learner._step on a device-resident batch + block_until_ready; "
+            "fwd = the model's forward + token log-probs alone (no loss, no gradient), jitted; "
+            "slots/s counts padding too; GFLOP from compile().cost_analysis()['flops'], GFLOP/s = that / mean; "
+            "variants = learner.compiled_variants() after the timed train_steps."
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------- 3. decode
 def bench_decode(args) -> None:
-    from trainer.records import decode, encode
+    from trainer.contracts.records import decode, encode
 
     rows = []
     for shape in ((4, 256), (8, 512)):
@@ -207,20 +279,43 @@ def bench_decode(args) -> None:
             enc.append(t3 - t2)
         mb = statistics.mean(len(b) for b in blobs) / 1e6
         d50, dmean = pct(dec, 50), statistics.mean(dec)
-        rows.append([f"{shape[0]}x{shape[1]}", mb * 1e3, d50 * 1e6, dmean * 1e6, pct(dec, 95) * 1e6, 1 / dmean,
-                     mb / dmean, pct(val, 50) * 1e6, pct(val, 50) / d50, pct(enc, 50) * 1e6])
+        rows.append(
+            [
+                f"{shape[0]}x{shape[1]}",
+                mb * 1e3,
+                d50 * 1e6,
+                dmean * 1e6,
+                pct(dec, 95) * 1e6,
+                1 / dmean,
+                mb / dmean,
+                pct(val, 50) * 1e6,
+                pct(val, 50) / d50,
+                pct(enc, 50) * 1e6,
+            ]
+        )
     print_table(
-        f"3a. trainer.records.decode alone, in-process ({args.decode_n} decodes per shape)",
-        ["shape", "kB/record", "decode p50 us", "mean us", "p95 us", "records/s", "MB/s", "validate p50 us",
-         "validate share", "encode p50 us"],
+        f"3a. trainer.contracts.records.decode alone, in-process ({args.decode_n} decodes per shape)",
+        [
+            "shape",
+            "kB/record",
+            "decode p50 us",
+            "mean us",
+            "p95 us",
+            "records/s",
+            "MB/s",
+            "validate p50 us",
+            "validate share",
+            "encode p50 us",
+        ],
         rows,
         note="decode = parse + copy arrays + PackedRecord.validate(); records/s and MB/s from the mean; "
-             "validate = validate() alone on a decoded record (share = its p50 / decode p50); "
-             "encode (producer side) also validates.")
+        "validate = validate() alone on a decoded record (share = its p50 / decode p50); "
+        "encode (producer side) also validates.",
+    )
 
 
 def bench_poll(args, emu) -> None:
-    from trainer.consumer import RecordConsumer
+    from trainer.learning.consumer import RecordConsumer
 
     shape = (4, 256)
     name = f"bench-poll-{os.getpid()}"
@@ -228,8 +323,11 @@ def bench_poll(args, emu) -> None:
     subs = {m: emu.create_subscription(f"{name}-{m}", name, ack_deadline_s=600) for m in args.poll_max_messages}
     records = make_records(500_000, args.poll_records, *shape)
     pub_s, nbytes = publish_records(emu, topic, records)
-    print(f"published {len(records)} records of {shape[0]}x{shape[1]} in {pub_s:.2f} s "
-          f"({len(records) / pub_s:.0f} msg/s, {nbytes / pub_s / 1e6:.1f} MB/s)", flush=True)
+    print(
+        f"published {len(records)} records of {shape[0]}x{shape[1]} in {pub_s:.2f} s "
+        f"({len(records) / pub_s:.0f} msg/s, {nbytes / pub_s / 1e6:.1f} MB/s)",
+        flush=True,
+    )
     rows = []
     for m, sub in subs.items():
         consumer = RecordConsumer(sub, {shape})
@@ -244,15 +342,38 @@ def bench_poll(args, emu) -> None:
         consumer.close()
         if got < len(records):
             print(f"WARNING: max_messages={m}: got {got}/{len(records)} before the 120 s deadline", flush=True)
-        rows.append([m, got, wall, got / wall, got * nbytes / len(records) / wall / 1e6, phases.pulls,
-                     phases.messages / phases.pulls if phases.pulls else None,
-                     phases.s["pull"] / wall, phases.s["decode"] / wall, phases.s["ack"] / wall])
+        rows.append(
+            [
+                m,
+                got,
+                wall,
+                got / wall,
+                got * nbytes / len(records) / wall / 1e6,
+                phases.pulls,
+                phases.messages / phases.pulls if phases.pulls else None,
+                phases.s["pull"] / wall,
+                phases.s["decode"] / wall,
+                phases.s["ack"] / wall,
+            ]
+        )
     print_table(
-        f"3b. RecordConsumer.poll from a pre-filled emulator subscription: {len(records)} records {shape[0]}x{shape[1]}",
-        ["max_messages", "records", "wall s", "records/s", "MB/s", "pulls", "msgs/pull", "pull share",
-         "decode share", "ack share"],
+        f"3b. RecordConsumer.poll from a pre-filled emulator subscription: "
+        f"{len(records)} records {shape[0]}x{shape[1]}",
+        [
+            "max_messages",
+            "records",
+            "wall s",
+            "records/s",
+            "MB/s",
+            "pulls",
+            "msgs/pull",
+            "pull share",
+            "decode share",
+            "ack share",
+        ],
         rows,
-        note="records/s = messages pulled + decoded + validated + acked per second by one consumer, no training.")
+        note="records/s = messages pulled + decoded + validated + acked per second by one consumer, no training.",
+    )
 
 
 # ----------------------------------------------------------------------------- main
@@ -300,6 +421,7 @@ def main(argv=None) -> int:
         bench_decode(args)
     if {"ceiling", "poll"} & set(args.sections):
         from localstack.pubsub_emulator import PubSubEmulator
+
         t0 = time.perf_counter()
         with PubSubEmulator() as emu:
             emu.apply_env()  # RecordConsumer's clients read PUBSUB_EMULATOR_HOST

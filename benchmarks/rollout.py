@@ -4,7 +4,7 @@
     python benchmarks/rollout.py --quick    # a short run of everything (~2-3 min)
     python benchmarks/rollout.py --sections decode,latency
 
-Sections (tiny model: trainer.config.ModelConfig() defaults, random init, JAX on CPU):
+Sections (tiny model: trainer.policy.config.ModelConfig() defaults, random init, JAX on CPU):
 
 1. latency: a scripted environment (benchmarks/_envs.py) whose every step waits
    --tool_latency_s and that is done after --env_steps steps; every model turn generates
@@ -23,6 +23,7 @@ Sections (tiny model: trainer.config.ModelConfig() defaults, random init, JAX on
    on the streaming BundleBasedDirectRunner, reading groups from the Pub/Sub emulator
    (benchmarks/_packer_pipeline.py), percentiles per trajectory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,17 +41,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _report import fmt, loadavg, machine_info, print_table  # noqa: E402
-from _rollout_packing import bench_flush, bench_packing, length_pools, sample_stream  # noqa: E402
 import numpy as np
 from _envs import ScriptedConfig, ScriptedToolEnv
+from _report import fmt, loadavg, machine_info, print_table
+from _rollout_packing import bench_flush, bench_packing, length_pools, sample_stream
 
 import environments
 from pipelines.engine import InferenceEngine, Sequence
-from trainer import tokenizer
-from trainer.config import ModelConfig
-from trainer.model import init_model, split_params
-from trainer.sampling import Sampler
+from trainer.policy import tokenizer
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params
+from trainer.policy.sampling import Sampler
 
 SECTIONS = ("decode", "latency", "packing", "flush")
 LENGTH = 256  # sampler KV length = the model's max_seq_len
@@ -114,8 +115,12 @@ def engine_throughput(sampler: Sampler, params, new_tokens: int) -> dict:
     t0 = time.perf_counter()
     asyncio.run(all_slots())
     wall = time.perf_counter() - t0
-    return {"tokens": engine.stats["generated_tokens"], "wall": wall, "steps": engine.stats["steps"],
-            "step_ms": engine.stats["busy_s"] / engine.stats["steps"] * 1000}
+    return {
+        "tokens": engine.stats["generated_tokens"],
+        "wall": wall,
+        "steps": engine.stats["steps"],
+        "step_ms": engine.stats["busy_s"] / engine.stats["steps"] * 1000,
+    }
 
 
 def naive_throughput(sampler1: Sampler, params, episodes: int, new_tokens: int) -> dict:
@@ -131,8 +136,9 @@ def naive_throughput(sampler1: Sampler, params, episodes: int, new_tokens: int) 
             logps.append(float(lp[0]))
             generated += 1
             if k + 1 < new_tokens:
-                nxt, lp = sampler1.step(params, np.array([[tokens[-1]]], np.int32),
-                                        np.array([len(tokens) - 1]), np.array([1]))
+                nxt, lp = sampler1.step(
+                    params, np.array([[tokens[-1]]], np.int32), np.array([len(tokens) - 1]), np.array([1])
+                )
     return {"tokens": generated, "wall": time.perf_counter() - t0}
 
 
@@ -149,10 +155,12 @@ def bench_decode(samplers: Samplers, slot_counts, new_tokens: int) -> dict[int, 
         e_tps, n_tps = eng["tokens"] / eng["wall"], naive["tokens"] / naive["wall"]
         tok_s[S] = e_tps
         rows.append([S, eng["tokens"], e_tps, eng["step_ms"], eng["wall"], n_tps, naive["wall"], e_tps / n_tps])
-    print_table(f"2. Decode throughput: all S slots busy, {new_tokens} new tokens per slot, no tool waits",
-                ["S", "tokens", "engine tok/s", "engine step ms", "engine wall s", "naive tok/s", "naive wall s",
-                 "speed-up"], rows,
-                "naive = 1-slot Sampler, one episode at a time, one token per call (prompt fed token by token).")
+    print_table(
+        f"2. Decode throughput: all S slots busy, {new_tokens} new tokens per slot, no tool waits",
+        ["S", "tokens", "engine tok/s", "engine step ms", "engine wall s", "naive tok/s", "naive wall s", "speed-up"],
+        rows,
+        "naive = 1-slot Sampler, one episode at a time, one token per call (prompt fed token by token).",
+    )
     return tok_s
 
 
@@ -188,12 +196,27 @@ async def scripted_episode(engine: InferenceEngine, cfg: ScriptedConfig, task, m
 
 def _snapshot(engine: InferenceEngine) -> dict:
     t = engine.sampler.timer
-    return {**engine.stats, "jit_s": t["s"], "jit_calls": t["calls"], "dec_s": t["decode_s"],
-            "dec_calls": t["decode_calls"], "t": time.perf_counter()}
+    return {
+        **engine.stats,
+        "jit_s": t["s"],
+        "jit_calls": t["calls"],
+        "dec_s": t["decode_s"],
+        "dec_calls": t["decode_calls"],
+        "t": time.perf_counter(),
+    }
 
 
-def run_continuous(sampler: Sampler, params, C: int, cfg: ScriptedConfig, max_new: int, warm_s: float,
-                   window_s: float, stagger_s: float, seed: int = 0) -> dict:
+def run_continuous(
+    sampler: Sampler,
+    params,
+    C: int,
+    cfg: ScriptedConfig,
+    max_new: int,
+    warm_s: float,
+    window_s: float,
+    stagger_s: float,
+    seed: int = 0,
+) -> dict:
     """Keeps C episodes in flight; counts episodes that end inside [warm_s, warm_s + window_s]."""
     engine = InferenceEngine(sampler, lambda: (params, 0))
     tasks = environments.generate_tasks(seed, 64, "train")
@@ -232,11 +255,29 @@ def run_continuous(sampler: Sampler, params, C: int, cfg: ScriptedConfig, max_ne
         ends.setdefault(e["worker"], []).append(e["end"])
     rate = sum((len(v) - 1) / (max(v) - min(v)) for v in ends.values() if len(v) >= 2)
     short = C - sum(len(v) >= 2 for v in ends.values())  # workers with < 2 completions: not counted
-    d = {k: b[k] - a[k] for k in ("steps", "prefill_steps", "generated_tokens", "fed_tokens", "refeeds", "busy_s",
-                                  "jit_s", "jit_calls", "dec_s", "dec_calls")}
+    d = {
+        k: b[k] - a[k]
+        for k in (
+            "steps",
+            "prefill_steps",
+            "generated_tokens",
+            "fed_tokens",
+            "refeeds",
+            "busy_s",
+            "jit_s",
+            "jit_calls",
+            "dec_s",
+            "dec_calls",
+        )
+    }
     return {
-        "C": C, "slots": sampler.slots, "episodes": len(eps), "window_s": window,
-        "eps_per_s": rate, "eps_counted": len(eps) / window, "short_workers": short,
+        "C": C,
+        "slots": sampler.slots,
+        "episodes": len(eps),
+        "window_s": window,
+        "eps_per_s": rate,
+        "eps_counted": len(eps) / window,
+        "short_workers": short,
         "latency_s": statistics.fmean(e["end"] - e["start"] for e in eps) if eps else None,
         "gen_s": statistics.fmean(e["gen_s"] for e in eps) if eps else None,
         "wait_s": statistics.fmean(e["wait_s"] for e in eps) if eps else None,
@@ -245,11 +286,15 @@ def run_continuous(sampler: Sampler, params, C: int, cfg: ScriptedConfig, max_ne
         "jit_ms": d["jit_s"] / d["jit_calls"] * 1000 if d["jit_calls"] else None,
         "dec_ms": d["dec_s"] / d["dec_calls"] * 1000 if d["dec_calls"] else None,
         "pre_ms": (d["jit_s"] - d["dec_s"]) / (d["jit_calls"] - d["dec_calls"]) * 1000
-        if d["jit_calls"] > d["dec_calls"] else None,
+        if d["jit_calls"] > d["dec_calls"]
+        else None,
         "prefill_share": (d["jit_s"] - d["dec_s"]) / d["jit_s"] if d["jit_s"] else None,
         "gap_ms": window / d["steps"] * 1000 if d["steps"] else None,
-        "decode_steps": d["steps"] - d["prefill_steps"], "prefill_steps": d["prefill_steps"],
-        "refeeds": d["refeeds"], "busy": d["busy_s"] / window, "jit_busy": d["jit_s"] / window,
+        "decode_steps": d["steps"] - d["prefill_steps"],
+        "prefill_steps": d["prefill_steps"],
+        "refeeds": d["refeeds"],
+        "busy": d["busy_s"] / window,
+        "jit_busy": d["jit_s"] / window,
         "tokens_per_s": d["generated_tokens"] / window,
         "tokens_per_step": d["generated_tokens"] / max(1, d["steps"]),
     }
@@ -262,8 +307,16 @@ def bench_latency(samplers: Samplers, args, caps: dict[int, float]) -> dict:
     results = []
     L1 = None
     for C, slots in args.latency_configs:
-        r = run_continuous(samplers.get(slots), params, C, cfg, args.tokens_per_turn,
-                           warm_s=args.warm_s, window_s=args.window_s, stagger_s=args.tool_latency_s)
+        r = run_continuous(
+            samplers.get(slots),
+            params,
+            C,
+            cfg,
+            args.tokens_per_turn,
+            warm_s=args.warm_s,
+            window_s=args.window_s,
+            stagger_s=args.tool_latency_s,
+        )
         if C == 1 and slots == 1:
             L1 = r["latency_s"]
         results.append(r)
@@ -273,25 +326,72 @@ def bench_latency(samplers: Samplers, args, caps: dict[int, float]) -> dict:
         cap = caps.get(r["slots"], float("inf")) / gen_per_ep
         ideal = min(by_latency, cap) if by_latency else cap
         r.update(ideal=ideal, ratio=r["eps_per_s"] / ideal, cap=cap)
-        rows.append([r["C"], r["slots"], r["episodes"], r["eps_counted"], r["eps_per_s"], ideal, cap, f"{r['ratio']:.0%}",
-                     r["latency_s"], r["gen_s"], r["step_ms"], r["jit_ms"], r["dec_ms"], r["pre_ms"],
-                     f"{r['prefill_share']:.0%}", r["gap_ms"], r["decode_steps"], r["prefill_steps"], r["refeeds"], f"{r['busy']:.0%}", r["tokens_per_step"]])
+        rows.append(
+            [
+                r["C"],
+                r["slots"],
+                r["episodes"],
+                r["eps_counted"],
+                r["eps_per_s"],
+                ideal,
+                cap,
+                f"{r['ratio']:.0%}",
+                r["latency_s"],
+                r["gen_s"],
+                r["step_ms"],
+                r["jit_ms"],
+                r["dec_ms"],
+                r["pre_ms"],
+                f"{r['prefill_share']:.0%}",
+                r["gap_ms"],
+                r["decode_steps"],
+                r["prefill_steps"],
+                r["refeeds"],
+                f"{r['busy']:.0%}",
+                r["tokens_per_step"],
+            ]
+        )
     print_table(
         f"1. Latency hiding: scripted env, {args.env_steps} steps x {args.tool_latency_s:g} s tool wait, "
         f"{args.tokens_per_turn} tokens per turn ({gen_per_ep} per episode), {args.window_s:g} s window "
         f"after {args.warm_s:g} s warm-up",
-        ["C", "slots", "episodes", "count/window", "eps/s", "ideal eps/s", "decode cap", "measured/ideal", "ep latency s",
-         "gen s/ep", "step ms", "jit ms", "jit decode ms", "jit prefill ms", "prefill share", "wall ms/step", "decode steps", "prefill steps", "refeeds",
-         "engine busy", "tokens/step"], rows,
+        [
+            "C",
+            "slots",
+            "episodes",
+            "count/window",
+            "eps/s",
+            "ideal eps/s",
+            "decode cap",
+            "measured/ideal",
+            "ep latency s",
+            "gen s/ep",
+            "step ms",
+            "jit ms",
+            "jit decode ms",
+            "jit prefill ms",
+            "prefill share",
+            "wall ms/step",
+            "decode steps",
+            "prefill steps",
+            "refeeds",
+            "engine busy",
+            "tokens/step",
+        ],
+        rows,
         f"L1 (C=1 latency) = {fmt(L1)} s; ideal = min(C / L1, decode cap); decode cap = section-2 tok/s at "
         f"S=slots / {gen_per_ep}. step ms = InferenceEngine._step; jit ms = Sampler.step inside it (all steps, then "
-        f"width-1 decode and width-16 prefill steps apart; prefill share = prefill jit time / all jit time); wall ms/step "
+        f"width-1 decode and width-16 prefill steps apart; prefill share = prefill jit time / all jit time); "
+        f"wall ms/step "
         f"= window / steps; engine busy = time inside _step / window. eps/s = sum over the C episode loops of "
-        f"(completions - 1) / (last - first completion time) in the window; count/window = completions / window.")
+        f"(completions - 1) / (last - first completion time) in the window; count/window = completions / window.",
+    )
     short = sum(r["short_workers"] for r in results)
     if short:
-        print(f"warning: {short} episode loops had < 2 completions in their window and were not counted: "
-              f"use a longer --window_s")
+        print(
+            f"warning: {short} episode loops had < 2 completions in their window and were not counted: "
+            f"use a longer --window_s"
+        )
     return {"results": results, "L1": L1}
 
 
@@ -299,16 +399,26 @@ def profile_c64(samplers: Samplers, args, C: int, slots: int) -> str:
     cfg = ScriptedConfig(tool_latency_s=args.tool_latency_s, steps=args.env_steps)
     prof = cProfile.Profile()
     prof.enable()
-    r = run_continuous(samplers.get(slots), samplers.params, C, cfg, args.tokens_per_turn,
-                       warm_s=args.warm_s, window_s=args.profile_s, stagger_s=args.tool_latency_s)
+    r = run_continuous(
+        samplers.get(slots),
+        samplers.params,
+        C,
+        cfg,
+        args.tokens_per_turn,
+        warm_s=args.warm_s,
+        window_s=args.profile_s,
+        stagger_s=args.tool_latency_s,
+    )
     prof.disable()
     out = io.StringIO()
     st = pstats.Stats(prof, stream=out)
     st.sort_stats("tottime").print_stats(args.profile_top)
     st.sort_stats("cumulative").print_stats(args.profile_top)
     text = out.getvalue()
-    header = (f"cProfile of C={C}, slots={slots} ({args.warm_s:g} s warm-up + {args.profile_s:g} s window, "
-              f"{r['eps_per_s']:.3g} eps/s under the profiler)")
+    header = (
+        f"cProfile of C={C}, slots={slots} ({args.warm_s:g} s warm-up + {args.profile_s:g} s window, "
+        f"{r['eps_per_s']:.3g} eps/s under the profiler)"
+    )
     print(header)
     print(_trim_pstats(text))
     return text
@@ -320,8 +430,11 @@ def _trim_pstats(text: str) -> str:
         s = line.strip()
         if not s or s.startswith(("Ordered by", "List reduced")):
             continue
-        keep.append(line.replace(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/", "")
-                    .replace(sys.prefix, "<venv>"))
+        keep.append(
+            line.replace(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/", "").replace(
+                sys.prefix, "<venv>"
+            )
+        )
     return "\n".join(keep)
 
 
@@ -333,12 +446,15 @@ def parse_args(argv):
     p.add_argument("--tool_latency_s", type=float, default=1.0)
     p.add_argument("--env_steps", type=int, default=3, help="env steps per episode (2 tool turns + a final answer)")
     p.add_argument("--tokens_per_turn", type=int, default=16)
-    p.add_argument("--latency_configs", default="1:1,8:8,32:32,64:64,64:32",
-                   help="C:slots pairs; C=1:slots=1 gives L1")
+    p.add_argument("--latency_configs", default="1:1,8:8,32:32,64:64,64:32", help="C:slots pairs; C=1:slots=1 gives L1")
     p.add_argument("--window_s", type=float, default=None, help="steady-state window per config (default 30, quick 8)")
     p.add_argument("--warm_s", type=float, default=None, help="warm-up before the window (default 4.5, quick 3.5)")
-    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
-                   help="cProfile one more C=64 run (latency section)")
+    p.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cProfile one more C=64 run (latency section)",
+    )
     p.add_argument("--profile_s", type=float, default=None, help="profiled window (default 10, quick 5)")
     p.add_argument("--profile_top", type=int, default=15)
     p.add_argument("--decode_slots", default="1,8,32,64")
@@ -354,8 +470,15 @@ def parse_args(argv):
     p.add_argument("--flush_segments", type=int, default=2)
     a = p.parse_args(argv)
     q = a.quick
-    defaults = {"window_s": (30.0, 8.0), "warm_s": (4.5, 3.5), "profile_s": (10.0, 5.0), "decode_tokens": (200, 64),
-                "packing_tasks": (60, 20), "packing_n": (2000, 400), "flush_phase_s": (30.0, 10.0)}
+    defaults = {
+        "window_s": (30.0, 8.0),
+        "warm_s": (4.5, 3.5),
+        "profile_s": (10.0, 5.0),
+        "decode_tokens": (200, 64),
+        "packing_tasks": (60, 20),
+        "packing_n": (2000, 400),
+        "flush_phase_s": (30.0, 10.0),
+    }
     for k, (full, quick) in defaults.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if q else full)
@@ -380,8 +503,12 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     info = machine_info()
     print(f"benchmarks/rollout.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
-    print(f"date {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; " + "; ".join(f"{k} {v}" for k, v in info.items())
-          + f"; load average at start {loadavg()}\n", flush=True)
+    print(
+        f"date {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; "
+        + "; ".join(f"{k} {v}" for k, v in info.items())
+        + f"; load average at start {loadavg()}\n",
+        flush=True,
+    )
     need_model = {"decode", "latency"} & set(args.sections)
     samplers = None
     if need_model:

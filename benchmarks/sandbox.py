@@ -7,6 +7,7 @@ plain `subprocess.run([python, "-c", ...])` with no bounds at all, all sequentia
 bwrap sandbox with `--concurrency` runs in flight (threads), which is how a rollout worker
 uses it. Latency is per run; runs/s is runs divided by the wall time of the whole row.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from environments import sandbox  # noqa: E402
+from environments import sandbox
 
 SOURCE = "print(1)"
 
@@ -53,8 +54,12 @@ def measure(fn, n: int, concurrency: int = 1) -> dict:
         list(pool.map(timed, range(n)))
     total = time.perf_counter() - start
     lat.sort()
-    return {"runs/s": n / total, "mean": statistics.fmean(lat), "p50": lat[len(lat) // 2],
-            "p95": lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))]}
+    return {
+        "runs/s": n / total,
+        "mean": statistics.fmean(lat),
+        "p50": lat[len(lat) // 2],
+        "p95": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
+    }
 
 
 def main(argv=None) -> None:
@@ -62,18 +67,24 @@ def main(argv=None) -> None:
     p.add_argument("--n", type=int, default=50)
     p.add_argument("--concurrency", type=int, default=4)
     args = p.parse_args(argv)
-    rows = [("bwrap sandbox (run_python)", bwrap_run, 1),
-            ("rlimits-only fallback (bwrap=None)", fallback_run, 1),
-            ("plain subprocess.run, no bounds", plain_run, 1),
-            (f"bwrap sandbox, {args.concurrency} in flight", bwrap_run, args.concurrency)]
-    print(f"n={args.n} runs per row, program {SOURCE!r}, python {sandbox.PYTHON}, "
-          f"{os.cpu_count()} CPUs, euid {os.geteuid()}")
+    rows = [
+        ("bwrap sandbox (run_python)", bwrap_run, 1),
+        ("rlimits-only fallback (bwrap=None)", fallback_run, 1),
+        ("plain subprocess.run, no bounds", plain_run, 1),
+        (f"bwrap sandbox, {args.concurrency} in flight", bwrap_run, args.concurrency),
+    ]
+    print(
+        f"n={args.n} runs per row, program {SOURCE!r}, python {sandbox.PYTHON}, "
+        f"{os.cpu_count()} CPUs, euid {os.geteuid()}"
+    )
     print("| mode | runs/s | mean ms | p50 ms | p95 ms |")
     print("|---|---:|---:|---:|---:|")
     for name, fn, conc in rows:
         m = measure(fn, args.n, conc)
-        print(f"| {name} | {m['runs/s']:.1f} | {1e3 * m['mean']:.1f} | "
-              f"{1e3 * m['p50']:.1f} | {1e3 * m['p95']:.1f} |", flush=True)
+        print(
+            f"| {name} | {m['runs/s']:.1f} | {1e3 * m['mean']:.1f} | {1e3 * m['p50']:.1f} | {1e3 * m['p95']:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -3,13 +3,15 @@
 Pure Python (no Beam, no JAX): the rollout pipeline drives environments, the learner never
 sees them. Tasks travel as JSON inside Pub/Sub rollout requests, so `Task` validates on read.
 """
+
 from __future__ import annotations
 
 import abc
 import dataclasses
 import enum
 import json
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 
 class EpisodeStatus(str, enum.Enum):
@@ -43,8 +45,7 @@ class Task:
         _validate_task_fields(self.__dict__)
 
     def to_json_dict(self) -> dict[str, Any]:
-        d = {"task_id": self.task_id, "prompt": self.prompt, "target": self.target,
-             "meta": dict(self.meta)}
+        d = {"task_id": self.task_id, "prompt": self.prompt, "target": self.target, "meta": dict(self.meta)}
         try:  # Fail here, at the producer, rather than in a worker far away.
             json.dumps(d)
         except (TypeError, ValueError) as e:
@@ -52,15 +53,14 @@ class Task:
         return d
 
     @classmethod
-    def from_json_dict(cls, d: Any) -> "Task":
+    def from_json_dict(cls, d: Any) -> Task:
         if not isinstance(d, Mapping):
             raise ValueError(f"Task JSON must be an object, got {type(d).__name__}")
         unknown = set(d) - set(_TASK_FIELDS) - {"meta"}
         if unknown:  # Strict on read: extra data belongs in `meta`.
             raise ValueError(f"Task JSON has unknown field(s) {sorted(unknown)}")
         _validate_task_fields(d)
-        return cls(task_id=d["task_id"], prompt=d["prompt"], target=d["target"],
-                   meta=dict(d.get("meta") or {}))
+        return cls(task_id=d["task_id"], prompt=d["prompt"], target=d["target"], meta=dict(d.get("meta") or {}))
 
 
 def _validate_task_fields(d: Mapping[str, Any]) -> None:
@@ -68,8 +68,7 @@ def _validate_task_fields(d: Mapping[str, Any]) -> None:
         if name not in d:
             raise ValueError(f"Task is missing required field {name!r}")
         if not isinstance(d[name], typ):
-            raise ValueError(f"Task field {name!r} must be {typ.__name__}, "
-                             f"got {type(d[name]).__name__}")
+            raise ValueError(f"Task field {name!r} must be {typ.__name__}, got {type(d[name]).__name__}")
     if not d["task_id"]:
         raise ValueError("Task field 'task_id' must be non-empty")
     meta = d.get("meta", {})
@@ -112,6 +111,3 @@ class Environment(abc.ABC):
     @abc.abstractmethod
     async def step(self, action_text: str) -> StepResult:
         """Apply one model turn (raw generated text) and return its result."""
-
-    async def close(self) -> None:
-        """Release external resources (sandboxes, processes). Default: nothing to do."""

@@ -9,6 +9,7 @@ Expressions are evaluated by walking a Python `ast` with a whitelist (int litera
 + - * // %, unary minus, parentheses) and a magnitude bound; nothing model-written is
 ever passed to eval/exec.
 """
+
 from __future__ import annotations
 
 import ast
@@ -48,9 +49,13 @@ class CalcError(ValueError):
     """An expression the calculator refuses; the message is shown to the model."""
 
 
-_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-           ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
-           ast.Mod: lambda a, b: a % b}
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+}
 
 
 def safe_eval(expr: str, max_chars: int = 64, max_ops: int | None = None) -> int:
@@ -115,8 +120,11 @@ class CalculatorEnv(ToolEnvironment):
         # Inline, not to_thread: input is capped at max_expression_chars, so this is
         # microseconds of CPU; a thread hop would cost more than the work.
         try:
-            return format_result(str(safe_eval(args, self.config.max_expression_chars,
-                                               self.config.max_ops_per_call))), 0.0, False
+            return (
+                format_result(str(safe_eval(args, self.config.max_expression_chars, self.config.max_ops_per_call))),
+                0.0,
+                False,
+            )
         except CalcError as e:
             self._info["tool_errors"] += 1
             return format_error(str(e)), 0.0, False
@@ -162,8 +170,14 @@ def generate_tasks(seed: int, n: int, split: str = "train") -> list[Task]:
             continue
         seen.add(expr)
         digest = hashlib.sha256(expr.encode()).hexdigest()[:12]
-        tasks.append(Task(task_id=f"calculator-{split}-{digest}", prompt=f"Compute {expr}. ",
-                          target=str(safe_eval(expr)), meta={"expression": expr}))
+        tasks.append(
+            Task(
+                task_id=f"calculator-{split}-{digest}",
+                prompt=f"Compute {expr}. ",
+                target=str(safe_eval(expr)),
+                meta={"expression": expr},
+            )
+        )
     return tasks
 
 

@@ -12,6 +12,7 @@ expected outputs never enter the sandbox: the harness there only reports what `f
 returned (JSON, each line tagged with a per-run random nonce) and the host compares. So
 whatever the code prints or forges, it can only claim outputs, never "passed".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,8 @@ import hashlib
 import json
 import random
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from environments.base import Task
 from environments.latency import LatencyModel, as_latency_model
@@ -43,15 +45,16 @@ class CodeConfig:
         if isinstance(self.sandbox, dict):  # JSON env_config: {"sandbox": {"wall_seconds": 2}}
             object.__setattr__(self, "sandbox", SandboxLimits(**self.sandbox))
         if not isinstance(self.sandbox, SandboxLimits):
-            raise ValueError(f"sandbox must be SandboxLimits or a dict, "
-                             f"got {type(self.sandbox).__name__}")
+            raise ValueError(f"sandbox must be SandboxLimits or a dict, got {type(self.sandbox).__name__}")
         for name in ("max_turns", "max_code_chars"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"CodeConfig.{name} must be an int >= 1, got {v!r}")
         if 4 * self.max_code_chars > min(self.sandbox.max_file_bytes, self.sandbox.tmp_bytes // 4):
-            raise ValueError("CodeConfig.max_code_chars is too large for the sandbox's file "
-                             "limits (4 UTF-8 bytes a char must fit max_file_bytes)")
+            raise ValueError(
+                "CodeConfig.max_code_chars is too large for the sandbox's file "
+                "limits (4 UTF-8 bytes a char must fit max_file_bytes)"
+            )
 
 
 # Runs in the sandbox next to solution.py and tests.json (inputs only). The user's prints
@@ -126,8 +129,7 @@ class CodeEnv(ToolEnvironment):
             return 0.0
         nonce = secrets.token_hex(16)
         spec = {"func": self._task.meta.get("func", FUNC), "args": [t["args"] for t in tests]}
-        r = await self._sandbox(HARNESS, nonce + "\n",
-                                {"solution.py": code, "tests.json": json.dumps(spec)})
+        r = await self._sandbox(HARNESS, nonce + "\n", {"solution.py": code, "tests.json": json.dumps(spec)})
         self._info["sandbox_status"] = r.status
         if r.status != "ok":  # timeout, killed, output flood: no credit at all
             return 0.0
@@ -147,7 +149,7 @@ def score_harness_output(stdout: str, nonce: str, expected: list) -> tuple[int, 
         if not line.startswith(nonce):
             return 0, "untagged output"
         try:
-            msg = json.loads(line[len(nonce):])
+            msg = json.loads(line[len(nonce) :])
         except ValueError:
             return 0, "bad harness line"
         if not isinstance(msg, dict):
@@ -177,15 +179,16 @@ def _same(got: Any, want: Any) -> bool:
 
 # --- Task generation -------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class _Family:
     name: str
-    params: tuple            # one prompt per parameter value
-    prompt: str              # after "Write f(...): "; {k} is the parameter
+    params: tuple  # one prompt per parameter value
+    prompt: str  # after "Write f(...): "; {k} is the parameter
     signature: str
-    reference: str           # a one-line solution; {k} is the parameter
-    fn: Callable             # fn(k, *args): the same function, trusted, on the host
-    gen: Callable            # gen(rng, k) -> args tuple
+    reference: str  # a one-line solution; {k} is the parameter
+    fn: Callable  # fn(k, *args): the same function, trusted, on the host
+    gen: Callable  # gen(rng, k) -> args tuple
 
 
 def _word(rng: random.Random, alphabet: str = "abcdeiou", lo: int = 0, hi: int = 8) -> str:
@@ -200,32 +203,76 @@ def _pal(rng: random.Random) -> str:
 _int = lambda rng, k: (rng.randint(-50, 50),)
 _list = lambda rng, k: ([rng.randint(-20, 20) for _ in range(rng.randint(1, 6))],)
 _FAMILIES = (
-    _Family("add", tuple(range(1, 41)), "return x+{k}", "x", "return x+{k}",
-            lambda k, x: x + k, _int),
-    _Family("sub", tuple(range(1, 41)), "return x-{k}", "x", "return x-{k}",
-            lambda k, x: x - k, _int),
-    _Family("mul", tuple(range(2, 21)), "return x*{k}", "x", "return x*{k}",
-            lambda k, x: x * k, _int),
-    _Family("mod", tuple(range(2, 13)), "return x%{k}", "x", "return x%{k}", lambda k, x: x % k,
-            lambda rng, k: (rng.randint(0, 100),)),
-    _Family("fizz", tuple(range(2, 10)), "'Fizz' if n%{k}==0 else str(n)", "n",
-            "return 'Fizz' if n%{k}==0 else str(n)",
-            lambda k, n: "Fizz" if n % k == 0 else str(n), lambda rng, k: (rng.randint(1, 30),)),
-    _Family("count", tuple("abcdeiou"), "count '{k}' in s", "s", "return s.count('{k}')",
-            lambda k, s: s.count(k), lambda rng, k: (_word(rng),)),
-    _Family("times", (0,), "return a*b", "a,b", "return a*b", lambda k, a, b: a * b,
-            lambda rng, k: (rng.randint(-12, 12), rng.randint(-12, 12))),
-    _Family("reverse", (0,), "reverse s", "s", "return s[::-1]", lambda k, s: s[::-1],
-            lambda rng, k: (_word(rng),)),
-    _Family("vowels", (0,), "count vowels in s", "s", "return sum(c in 'aeiou' for c in s)",
-            lambda k, s: sum(c in "aeiou" for c in s), lambda rng, k: (_word(rng, "abeiouxyz"),)),
+    _Family("add", tuple(range(1, 41)), "return x+{k}", "x", "return x+{k}", lambda k, x: x + k, _int),
+    _Family("sub", tuple(range(1, 41)), "return x-{k}", "x", "return x-{k}", lambda k, x: x - k, _int),
+    _Family("mul", tuple(range(2, 21)), "return x*{k}", "x", "return x*{k}", lambda k, x: x * k, _int),
+    _Family(
+        "mod",
+        tuple(range(2, 13)),
+        "return x%{k}",
+        "x",
+        "return x%{k}",
+        lambda k, x: x % k,
+        lambda rng, k: (rng.randint(0, 100),),
+    ),
+    _Family(
+        "fizz",
+        tuple(range(2, 10)),
+        "'Fizz' if n%{k}==0 else str(n)",
+        "n",
+        "return 'Fizz' if n%{k}==0 else str(n)",
+        lambda k, n: "Fizz" if n % k == 0 else str(n),
+        lambda rng, k: (rng.randint(1, 30),),
+    ),
+    _Family(
+        "count",
+        tuple("abcdeiou"),
+        "count '{k}' in s",
+        "s",
+        "return s.count('{k}')",
+        lambda k, s: s.count(k),
+        lambda rng, k: (_word(rng),),
+    ),
+    _Family(
+        "times",
+        (0,),
+        "return a*b",
+        "a,b",
+        "return a*b",
+        lambda k, a, b: a * b,
+        lambda rng, k: (rng.randint(-12, 12), rng.randint(-12, 12)),
+    ),
+    _Family("reverse", (0,), "reverse s", "s", "return s[::-1]", lambda k, s: s[::-1], lambda rng, k: (_word(rng),)),
+    _Family(
+        "vowels",
+        (0,),
+        "count vowels in s",
+        "s",
+        "return sum(c in 'aeiou' for c in s)",
+        lambda k, s: sum(c in "aeiou" for c in s),
+        lambda rng, k: (_word(rng, "abeiouxyz"),),
+    ),
     _Family("max", (0,), "max of list a", "a", "return max(a)", lambda k, a: max(a), _list),
     _Family("min", (0,), "min of list a", "a", "return min(a)", lambda k, a: min(a), _list),
     _Family("sum", (0,), "sum of list a", "a", "return sum(a)", lambda k, a: sum(a), _list),
-    _Family("palindrome", (0,), "True if s is a palindrome", "s", "return s==s[::-1]",
-            lambda k, s: s == s[::-1], lambda rng, k: (_pal(rng),)),
-    _Family("digits", (0,), "sum of digits of n", "n", "return sum(int(c) for c in str(n))",
-            lambda k, n: sum(int(c) for c in str(n)), lambda rng, k: (rng.randint(0, 99999),)),
+    _Family(
+        "palindrome",
+        (0,),
+        "True if s is a palindrome",
+        "s",
+        "return s==s[::-1]",
+        lambda k, s: s == s[::-1],
+        lambda rng, k: (_pal(rng),),
+    ),
+    _Family(
+        "digits",
+        (0,),
+        "sum of digits of n",
+        "n",
+        "return sum(int(c) for c in str(n))",
+        lambda k, n: sum(int(c) for c in str(n)),
+        lambda rng, k: (rng.randint(0, 99999),),
+    ),
 )
 SPLITS = ("train", "test")
 TESTS_PER_TASK = 5
@@ -239,8 +286,9 @@ def _split_of(prompt: str) -> str:
 
 
 def _prompts() -> list[tuple[str, _Family, Any]]:
-    return [(f"Write {FUNC}({fam.signature}): {fam.prompt.format(k=k)}. ", fam, k)
-            for fam in _FAMILIES for k in fam.params]
+    return [
+        (f"Write {FUNC}({fam.signature}): {fam.prompt.format(k=k)}. ", fam, k) for fam in _FAMILIES for k in fam.params
+    ]
 
 
 def generate_tasks(seed: int, n: int, split: str = "train") -> list[Task]:
@@ -260,9 +308,14 @@ def generate_tasks(seed: int, n: int, split: str = "train") -> list[Task]:
         tests = [{"args": a, "expected": fam.fn(k, *a)} for a in args]
         ref = f"def {FUNC}({fam.signature}): {fam.reference.format(k=k)}"
         digest = hashlib.sha256(json.dumps([prompt, tests]).encode()).hexdigest()[:12]
-        tasks.append(Task(task_id=f"code-{split}-{digest}", prompt=prompt, target=ref,
-                          meta={"family": fam.name, "func": FUNC, "reference": ref,
-                                "tests": tests}))
+        tasks.append(
+            Task(
+                task_id=f"code-{split}-{digest}",
+                prompt=prompt,
+                target=ref,
+                meta={"family": fam.name, "func": FUNC, "reference": ref, "tests": tests},
+            )
+        )
     return tasks
 
 

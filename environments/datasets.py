@@ -16,6 +16,7 @@ Nothing is downloaded: there is no download step, GCS look-ups are off (`try_gcs
 `tensorflow_datasets` costs ~0.4-0.6 s to import, more than all of `environments`, so it
 is imported on first use, not at module import.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -85,14 +86,16 @@ def _builder_class():
                 description=f"Tasks of the {c.name!r} environment.",
                 features=tfds.features.FeaturesDict({k: text for k in _FEATURES}),
                 disable_shuffling=True,  # Keep generation order: file index = task index.
-                metadata=tfds.core.MetadataDict(_metadata(c.name, c.seed, c.train_size,
-                                                          c.test_size, c.fingerprint)))
+                metadata=tfds.core.MetadataDict(_metadata(c.name, c.seed, c.train_size, c.test_size, c.fingerprint)),
+            )
 
         def _split_generators(self, dl_manager):
             del dl_manager  # Generated locally; nothing to download.
             c = self.builder_config
-            return {"train": self._generate_examples("train", c.train_size),
-                    "test": self._generate_examples("test", c.test_size)}
+            return {
+                "train": self._generate_examples("train", c.train_size),
+                "test": self._generate_examples("test", c.test_size),
+            }
 
         def _generate_examples(self, split, n):
             c = self.builder_config
@@ -104,15 +107,24 @@ def _builder_class():
 
 def _encode(task: Task) -> dict[str, str]:
     d = task.to_json_dict()
-    return {"task_id": d["task_id"], "prompt": d["prompt"], "target": d["target"],
-            "meta": json.dumps(d["meta"], sort_keys=True)}
+    return {
+        "task_id": d["task_id"],
+        "prompt": d["prompt"],
+        "target": d["target"],
+        "meta": json.dumps(d["meta"], sort_keys=True),
+    }
 
 
 def _decode(example: dict[str, Any]) -> Task:
-    text = {k: (v.decode("utf-8") if isinstance(v, bytes) else str(v))
-            for k, v in example.items()}
-    return Task.from_json_dict({"task_id": text["task_id"], "prompt": text["prompt"],
-                                "target": text["target"], "meta": json.loads(text["meta"])})
+    text = {k: (v.decode("utf-8") if isinstance(v, bytes) else str(v)) for k, v in example.items()}
+    return Task.from_json_dict(
+        {
+            "task_id": text["task_id"],
+            "prompt": text["prompt"],
+            "target": text["target"],
+            "meta": json.loads(text["meta"]),
+        }
+    )
 
 
 def _fingerprint(env_name: str, seed: int, train_size: int, test_size: int) -> str:
@@ -124,10 +136,15 @@ def _fingerprint(env_name: str, seed: int, train_size: int, test_size: int) -> s
     return h.hexdigest()
 
 
-def _metadata(env_name: str, seed: int, train_size: int, test_size: int,
-              fingerprint: str) -> dict:
-    return {"format": FORMAT, "env": env_name, "seed": seed, "train_size": train_size,
-            "test_size": test_size, "fingerprint": fingerprint}
+def _metadata(env_name: str, seed: int, train_size: int, test_size: int, fingerprint: str) -> dict:
+    return {
+        "format": FORMAT,
+        "env": env_name,
+        "seed": seed,
+        "train_size": train_size,
+        "test_size": test_size,
+        "fingerprint": fingerprint,
+    }
 
 
 def dataset_dir(env_name: str, data_dir: str | pathlib.Path) -> pathlib.Path:
@@ -136,15 +153,21 @@ def dataset_dir(env_name: str, data_dir: str | pathlib.Path) -> pathlib.Path:
 
 def _check_args(env_name: str, sizes: dict[str, Any]) -> None:
     if not isinstance(env_name, str) or not _CONFIG_NAME_RE.match(env_name):
-        raise ValueError(f"environment name must match {_CONFIG_NAME_RE.pattern}, "
-                         f"got {env_name!r}")
+        raise ValueError(f"environment name must match {_CONFIG_NAME_RE.pattern}, got {env_name!r}")
     for name, v in sizes.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be an int >= 0, got {v!r}")
 
 
-def build(env_name: str, data_dir: str | pathlib.Path, train_size: int = 1000,
-          test_size: int = 200, seed: int = 0, *, overwrite: bool = False) -> pathlib.Path:
+def build(
+    env_name: str,
+    data_dir: str | pathlib.Path,
+    train_size: int = 1000,
+    test_size: int = 200,
+    seed: int = 0,
+    *,
+    overwrite: bool = False,
+) -> pathlib.Path:
     """Generate `env_name`'s train/test tasks into `data_dir`; return the dataset dir.
 
     Idempotent: if the same dataset (same generator output for these sizes and seed) is
@@ -160,16 +183,15 @@ def build(env_name: str, data_dir: str | pathlib.Path, train_size: int = 1000,
         if have == want:
             return path
         if not overwrite:
-            raise ValueError(f"{path} holds a different {env_name!r} dataset ({have}); "
-                             f"pass overwrite=True or use another data_dir")
+            raise ValueError(
+                f"{path} holds a different {env_name!r} dataset ({have}); pass overwrite=True or use another data_dir"
+            )
         shutil.rmtree(path)  # Fresh builder below; no stale DatasetInfo carried over.
     tfds = _tfds()
     config_cls, builder_cls = _builder_class()
-    config = config_cls(name=env_name, seed=seed, train_size=train_size,
-                        test_size=test_size, fingerprint=fingerprint)
+    config = config_cls(name=env_name, seed=seed, train_size=train_size, test_size=test_size, fingerprint=fingerprint)
     builder = builder_cls(config=config, data_dir=str(data_dir), file_format="array_record")
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
     return path
 
 
@@ -207,12 +229,16 @@ def load_tasks(env_name: str, split: str, data_dir: str | pathlib.Path) -> TaskS
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     path = dataset_dir(env_name, data_dir)
     if not (path / "dataset_info.json").exists():
-        raise FileNotFoundError(f"no {env_name!r} dataset at {path}; run "
-                                f"environments.datasets.build({env_name!r}, ...) first")
+        raise FileNotFoundError(
+            f"no {env_name!r} dataset at {path}; run environments.datasets.build({env_name!r}, ...) first"
+        )
     metadata = _read_metadata(path)
     if not metadata or metadata.get("format") != FORMAT:
-        raise ValueError(f"{path} was written in another layout ({metadata}); rebuild it "
-                         f"with environments.datasets.build(..., overwrite=True)")
-    source = _tfds().data_source(f"{DATASET_NAME}/{env_name}:{VERSION}", split=split,
-                                 data_dir=str(data_dir), download=False, try_gcs=False)
+        raise ValueError(
+            f"{path} was written in another layout ({metadata}); rebuild it "
+            f"with environments.datasets.build(..., overwrite=True)"
+        )
+    source = _tfds().data_source(
+        f"{DATASET_NAME}/{env_name}:{VERSION}", split=split, data_dir=str(data_dir), download=False, try_gcs=False
+    )
     return TaskSource(source, metadata)

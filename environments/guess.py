@@ -14,6 +14,7 @@ Each task carries its own range, a window of `GuessConfig`'s [low, high] (1..100
 default). That is what makes disjoint train/test splits possible: 100 secrets alone would
 give only ~20 test tasks, (range, secret) triples give ~160k.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,7 +38,7 @@ def _is_int(v: object) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class GuessConfig:
-    low: int = DEFAULT_LOW    # Bounds every task's range (and is the range of a task
+    low: int = DEFAULT_LOW  # Bounds every task's range (and is the range of a task
     high: int = DEFAULT_HIGH  # that states none in its meta).
     max_turns: int = 8
     tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
@@ -82,12 +83,13 @@ class GuessEnv(ToolEnvironment):
         # A task this env cannot play is a programming/config error, not model output.
         low, high = task_range(task, self.config.low, self.config.high)
         if low < self.config.low or high > self.config.high:
-            raise ValueError(f"task {task.task_id!r}: range {low}..{high} is outside the "
-                             f"configured {self.config.low}..{self.config.high}")
+            raise ValueError(
+                f"task {task.task_id!r}: range {low}..{high} is outside the "
+                f"configured {self.config.low}..{self.config.high}"
+            )
         secret = parse_int(task.target)
         if secret is None or not low <= secret <= high:
-            raise ValueError(f"task {task.task_id!r}: target {task.target!r} is not an "
-                             f"integer in {low}..{high}")
+            raise ValueError(f"task {task.task_id!r}: target {task.target!r} is not an integer in {low}..{high}")
         self._low, self._high, self._secret = low, high, secret
         return self._start(task)
 
@@ -118,8 +120,9 @@ def _split_of(key: str) -> str:
     return "test" if h % 100 < _TEST_PERCENT else "train"
 
 
-def generate_tasks(seed: int, n: int, split: str = "train", *, low: int = DEFAULT_LOW,
-                   high: int = DEFAULT_HIGH) -> list[Task]:
+def generate_tasks(
+    seed: int, n: int, split: str = "train", *, low: int = DEFAULT_LOW, high: int = DEFAULT_HIGH
+) -> list[Task]:
     """`n` distinct tasks (a window of [low, high] and a secret in it), deterministic per
     (seed, split, low, high). Windows are at least MIN_WIDTH wide (or all of [low, high])."""
     if split not in SPLITS:
@@ -147,9 +150,14 @@ def generate_tasks(seed: int, n: int, split: str = "train", *, low: int = DEFAUL
             continue
         seen.add(key)
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-        tasks.append(Task(task_id=f"guess-{split}-{digest}",
-                          prompt=f"Guess my number in {lo}..{hi}. ", target=str(secret),
-                          meta={"low": lo, "high": hi, "secret": secret}))
+        tasks.append(
+            Task(
+                task_id=f"guess-{split}-{digest}",
+                prompt=f"Guess my number in {lo}..{hi}. ",
+                target=str(secret),
+                meta={"low": lo, "high": hi, "secret": secret},
+            )
+        )
     return tasks
 
 

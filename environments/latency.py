@@ -9,6 +9,7 @@ the effect can be measured locally. Specs are short strings for command-line fla
     uniform:LOW:HIGH            uniform in [LOW, HIGH]
     lognormal:MEDIAN:SIGMA      MEDIAN * exp(SIGMA * N(0, 1)) (heavy right tail)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,7 @@ import math
 import random
 
 KINDS = ("none", "fixed", "uniform", "lognormal")
-_SPEC_PARAMS = {"none": (), "fixed": ("seconds",), "uniform": ("low", "high"),
-                "lognormal": ("median", "sigma")}
+_SPEC_PARAMS = {"none": (), "fixed": ("seconds",), "uniform": ("low", "high"), "lognormal": ("median", "sigma")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ class LatencyModel:
             raise ValueError(f"lognormal latency needs median > 0, got {self.median}")
 
     @classmethod
-    def from_spec(cls, spec: str, seed: int = 0) -> "LatencyModel":
+    def from_spec(cls, spec: str, seed: int = 0) -> LatencyModel:
         if not isinstance(spec, str):
             raise ValueError(f"latency spec must be a string, got {type(spec).__name__}")
         kind, *parts = spec.strip().split(":")
@@ -65,10 +65,9 @@ class LatencyModel:
         return cls(kind=kind, seed=seed, **dict(zip(names, values)))
 
     def to_spec(self) -> str:
-        return ":".join([self.kind, *(repr(float(getattr(self, n)))
-                                      for n in _SPEC_PARAMS[self.kind])])
+        return ":".join([self.kind, *(repr(float(getattr(self, n))) for n in _SPEC_PARAMS[self.kind])])
 
-    def sampler(self, stream: int | str = 0) -> "LatencySampler":
+    def sampler(self, stream: int | str = 0) -> LatencySampler:
         """A fresh sampler; the same (seed, stream) always yields the same sequence.
 
         `stream` lets each episode (e.g. keyed by task id) draw its own sequence, so

@@ -5,11 +5,12 @@ generator `tasks(seed, n, split) -> list[Task]` can be registered with it, so a 
 feeder can ask for tasks by environment name. Third-party environments plug in through
 the `agentic_rl.environments` entry-point group (see `load_entry_points`).
 """
+
 from __future__ import annotations
 
 import importlib.metadata
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from environments.base import Environment, Task
 
@@ -26,8 +27,14 @@ _TASKS: dict[str, TaskGenerator] = {}
 _ORACLES: dict[str, Oracle] = {}
 
 
-def register(name: str, factory: EnvFactory, *, tasks: TaskGenerator | None = None,
-             oracle: Oracle | None = None, overwrite: bool = False) -> None:
+def register(
+    name: str,
+    factory: EnvFactory,
+    *,
+    tasks: TaskGenerator | None = None,
+    oracle: Oracle | None = None,
+    overwrite: bool = False,
+) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"environment name must be a non-empty string, got {name!r}")
     if not callable(factory):
@@ -80,8 +87,8 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[str]:
     for ep in importlib.metadata.entry_points(group=group):
         try:
             register(ep.name, ep.load())
-        except Exception as e:  # noqa: BLE001 - plugin code may fail in any way.
-            warnings.warn(f"environment plugin {ep.name!r} ({ep.value}) failed: {e!r}")
+        except Exception as e:
+            warnings.warn(f"environment plugin {ep.name!r} ({ep.value}) failed: {e!r}", stacklevel=2)
             continue
         loaded.append(ep.name)
     return loaded

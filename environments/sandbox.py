@@ -18,6 +18,7 @@ Model-written code is hostile, so every run gets, in layers:
 Without bwrap (or where it cannot start) a run falls back to rlimits + uid + timeout,
 `isolated=False`, with a loud warning: the code can then read host files and use the net.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,17 +56,16 @@ _AUTO = object()
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-    cpu_seconds: int = 2            # RLIMIT_CPU per process (SIGXCPU, then SIGKILL 1 s later)
-    wall_seconds: float = 5.0       # whole run, start to kill
-    memory_bytes: int = 512 * MiB   # RLIMIT_AS per process
-    max_processes: int = 16         # processes+threads the program may have, itself included
-    max_file_bytes: int = 1 * MiB   # RLIMIT_FSIZE: largest file it may write
+    cpu_seconds: int = 2  # RLIMIT_CPU per process (SIGXCPU, then SIGKILL 1 s later)
+    wall_seconds: float = 5.0  # whole run, start to kill
+    memory_bytes: int = 512 * MiB  # RLIMIT_AS per process
+    max_processes: int = 16  # processes+threads the program may have, itself included
+    max_file_bytes: int = 1 * MiB  # RLIMIT_FSIZE: largest file it may write
     max_output_bytes: int = 64 * KiB  # kept from stdout, and again from stderr
-    tmp_bytes: int = 16 * MiB       # size of the private /tmp (tmpfs pages are RAM)
+    tmp_bytes: int = 16 * MiB  # size of the private /tmp (tmpfs pages are RAM)
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "memory_bytes", "max_processes", "max_file_bytes",
-                     "max_output_bytes", "tmp_bytes"):
+        for name in ("cpu_seconds", "memory_bytes", "max_processes", "max_file_bytes", "max_output_bytes", "tmp_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"SandboxLimits.{name} must be an int >= 1, got {v!r}")
@@ -73,14 +73,13 @@ class SandboxLimits:
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
             raise ValueError(f"SandboxLimits.wall_seconds must be a finite number > 0, got {w!r}")
         if self.memory_bytes < 64 * MiB:  # the interpreter alone maps ~20 MiB
-            raise ValueError(f"SandboxLimits.memory_bytes must be >= 64 MiB, "
-                             f"got {self.memory_bytes}")
+            raise ValueError(f"SandboxLimits.memory_bytes must be >= 64 MiB, got {self.memory_bytes}")
 
 
 @dataclasses.dataclass
 class SandboxResult:
-    status: str                # one of STATUSES
-    exit_code: int | None      # None when killed by a signal or never reaped
+    status: str  # one of STATUSES
+    exit_code: int | None  # None when killed by a signal or never reaped
     signal: int | None
     stdout: str
     stderr: str
@@ -88,7 +87,7 @@ class SandboxResult:
     stderr_truncated: bool = False
     timed_out: bool = False
     wall_s: float = 0.0
-    isolated: bool = False     # True when bwrap was used
+    isolated: bool = False  # True when bwrap was used
     warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -96,8 +95,14 @@ class SandboxResult:
         return self.status == "ok"
 
 
-def run_python(source: str, stdin: str = "", limits: SandboxLimits = SandboxLimits(),
-               files: dict[str, str] | None = None, *, bwrap=_AUTO) -> SandboxResult:
+def run_python(
+    source: str,
+    stdin: str = "",
+    limits: SandboxLimits = SandboxLimits(),
+    files: dict[str, str] | None = None,
+    *,
+    bwrap=_AUTO,
+) -> SandboxResult:
     """Run `source` as a script in /tmp (its cwd) with `files` next to it. Blocking.
 
     `bwrap` overrides BWRAP_PATH (None: the un-isolated fallback). Oversized input is the
@@ -119,8 +124,14 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits = SandboxLimi
     return _run(blobs, stdin.encode("utf-8", "surrogatepass"), limits, bw, drop, warnings)
 
 
-async def run_python_async(source: str, stdin: str = "", limits: SandboxLimits = SandboxLimits(),
-                           files: dict[str, str] | None = None, *, bwrap=_AUTO) -> SandboxResult:
+async def run_python_async(
+    source: str,
+    stdin: str = "",
+    limits: SandboxLimits = SandboxLimits(),
+    files: dict[str, str] | None = None,
+    *,
+    bwrap=_AUTO,
+) -> SandboxResult:
     """`run_python` on a worker thread, so the event loop keeps serving other episodes."""
     return await asyncio.to_thread(run_python, source, stdin, limits, files, bwrap=bwrap)
 
@@ -167,19 +178,28 @@ def _probe(path: str | None, root: bool) -> tuple[list[str] | None, bool, str]:
     for drop in ([True, False] if can_drop else [False]) if path else []:
         for bw in ([path, "--disable-userns"], [path]):
             try:
-                r = _run({"main.py": b"print('ok')"}, b"", SandboxLimits(wall_seconds=10),
-                         bw, drop, [])
+                r = _run({"main.py": b"print('ok')"}, b"", SandboxLimits(wall_seconds=10), bw, drop, [])
             except OSError as e:  # e.g. the path is not an executable
                 why = f"bwrap failed to start ({e})"
                 continue
             if r.ok and r.stdout == "ok\n":
-                notes = ["" if drop or not root else "bwrap runs as root: RLIMIT_NPROC is not "
-                         "enforced, a fork bomb is held only by the wall-clock kill",
-                         "" if len(bw) > 1 else "bwrap lacks --disable-userns"]
+                notes = [
+                    ""
+                    if drop or not root
+                    else "bwrap runs as root: RLIMIT_NPROC is not "
+                    "enforced, a fork bomb is held only by the wall-clock kill",
+                    "" if len(bw) > 1 else "bwrap lacks --disable-userns",
+                ]
                 return bw, drop, "; ".join(filter(None, notes))
             why = f"bwrap failed to start ({r.status}: {r.stderr.strip()[:200]})"
-    return None, can_drop, (f"{why}; running model code WITHOUT isolation (rlimits + timeout "
-                            "only): it can read host files and use the network")
+    return (
+        None,
+        can_drop,
+        (
+            f"{why}; running model code WITHOUT isolation (rlimits + timeout "
+            "only): it can read host files and use the network"
+        ),
+    )
 
 
 # --- One run -------------------------------------------------------------------------------
@@ -195,8 +215,9 @@ def _alloc_uid() -> int:
         return _UID_BASE + _uid_next % _UID_SPAN
 
 
-def _run(blobs: dict[str, bytes], stdin: bytes, limits: SandboxLimits, bw: list[str] | None,
-         drop: bool, warnings: list[str]) -> SandboxResult:
+def _run(
+    blobs: dict[str, bytes], stdin: bytes, limits: SandboxLimits, bw: list[str] | None, drop: bool, warnings: list[str]
+) -> SandboxResult:
     uid = _alloc_uid() if drop else None
     nproc = limits.max_processes + (_BWRAP_PROCS if bw else 0)
     if uid is None:  # our own uid: its other processes count against the same limit
@@ -207,10 +228,28 @@ def _run(blobs: dict[str, bytes], stdin: bytes, limits: SandboxLimits, bw: list[
     workdir = None
     try:
         if bw:
-            argv = [*bw, "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
-                    "--die-with-parent", "--new-session", "--clearenv",
-                    "--setenv", "PATH", "/usr/bin:/bin", *_ro_binds(),
-                    "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+            argv = [
+                *bw,
+                "--unshare-all",
+                "--unshare-user",
+                "--uid",
+                "65534",
+                "--gid",
+                "65534",
+                "--die-with-parent",
+                "--new-session",
+                "--clearenv",
+                "--setenv",
+                "PATH",
+                "/usr/bin:/bin",
+                *_ro_binds(),
+                "--dev",
+                "/dev",
+                "--size",
+                str(limits.tmp_bytes),
+                "--tmpfs",
+                "/tmp",
+            ]
             for name, blob in blobs.items():
                 fds.append(_memfd(blob))
                 argv += ["--file", str(fds[-1]), f"/tmp/{name}"]
@@ -228,9 +267,17 @@ def _run(blobs: dict[str, bytes], stdin: bytes, limits: SandboxLimits, bw: list[
         argv, kwargs = _limited(argv, limits, nproc, uid)
         fds.append(_memfd(stdin))  # a file, not a pipe: nothing to feed, nothing to block on
         start = time.monotonic()
-        proc = subprocess.Popen(argv, stdin=fds[-1], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=cwd, env=env, pass_fds=fds[:-1],
-                                start_new_session=True, **kwargs)
+        proc = subprocess.Popen(
+            argv,
+            stdin=fds[-1],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            pass_fds=fds[:-1],
+            start_new_session=True,
+            **kwargs,
+        )
         for fd in fds:
             os.close(fd)
         fds = []
@@ -270,21 +317,40 @@ def _result(rc, out, err, timed_out, wall, isolated, warnings) -> SandboxResult:
         status = "sandbox_error"  # the program could forge this, but only to fail itself
     else:
         status = "ok" if rc == 0 else "error"
-    return SandboxResult(status=status, exit_code=None if sig else rc, signal=sig,
-                         stdout=stdout, stderr=stderr, stdout_truncated=out_trunc,
-                         stderr_truncated=err_trunc, timed_out=timed_out, wall_s=wall,
-                         isolated=isolated, warnings=warnings)
+    return SandboxResult(
+        status=status,
+        exit_code=None if sig else rc,
+        signal=sig,
+        stdout=stdout,
+        stderr=stderr,
+        stdout_truncated=out_trunc,
+        stderr_truncated=err_trunc,
+        timed_out=timed_out,
+        wall_s=wall,
+        isolated=isolated,
+        warnings=warnings,
+    )
 
 
 def _limited(argv: list[str], limits: SandboxLimits, nproc: int, uid: int | None):
     """Wrap argv so rlimits (and the uid drop) happen in the child, before anything runs."""
-    rl = {resource.RLIMIT_CPU: (limits.cpu_seconds, limits.cpu_seconds + 1),
-          resource.RLIMIT_AS: (limits.memory_bytes,) * 2, resource.RLIMIT_NPROC: (nproc,) * 2,
-          resource.RLIMIT_FSIZE: (limits.max_file_bytes,) * 2, resource.RLIMIT_CORE: (0, 0)}
+    rl = {
+        resource.RLIMIT_CPU: (limits.cpu_seconds, limits.cpu_seconds + 1),
+        resource.RLIMIT_AS: (limits.memory_bytes,) * 2,
+        resource.RLIMIT_NPROC: (nproc,) * 2,
+        resource.RLIMIT_FSIZE: (limits.max_file_bytes,) * 2,
+        resource.RLIMIT_CORE: (0, 0),
+    }
     if PRLIMIT_PATH and (uid is None or SETPRIV_PATH):
-        pre = [PRLIMIT_PATH, f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
-               f"--as={limits.memory_bytes}", f"--nproc={nproc}",
-               f"--fsize={limits.max_file_bytes}", "--core=0", "--"]
+        pre = [
+            PRLIMIT_PATH,
+            f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
+            f"--as={limits.memory_bytes}",
+            f"--nproc={nproc}",
+            f"--fsize={limits.max_file_bytes}",
+            "--core=0",
+            "--",
+        ]
         if uid is not None:
             pre += [SETPRIV_PATH, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
         return pre + argv, {}
@@ -341,8 +407,7 @@ def _pump(proc, limits: SandboxLimits, deadline: float):
     finally:
         sel.close()
     text = {f: b.decode("utf-8", "replace") for f, b in bufs.items()}
-    return ((text[proc.stdout], trunc[proc.stdout]), (text[proc.stderr], trunc[proc.stderr]),
-            timed_out)
+    return ((text[proc.stdout], trunc[proc.stdout]), (text[proc.stderr], trunc[proc.stderr]), timed_out)
 
 
 def _kill(proc, group: bool) -> None:
@@ -356,9 +421,18 @@ def _kill(proc, group: bool) -> None:
 
 def _kill_uid(uid: int) -> None:
     """Kill every process of `uid`: kill(-1) sent AS that uid reaches exactly those."""
-    subprocess.run([PYTHON, "-I", "-S", "-c", "import os; os.kill(-1, 9)"], user=uid,
-                   group=uid, extra_groups=[], env={}, cwd="/", stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=10, check=False)
+    subprocess.run(
+        [PYTHON, "-I", "-S", "-c", "import os; os.kill(-1, 9)"],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        env={},
+        cwd="/",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=10,
+        check=False,
+    )
 
 
 def _tasks_of_uid(uid: int) -> int:
@@ -392,7 +466,7 @@ def _memfd(blob: bytes) -> int:
     fd = os.memfd_create("sandbox-file", 0)  # bwrap --file copies it into the tmpfs
     view = memoryview(blob)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     try:  # hand out a read-only descriptor: the program must not grow our memory through it
         return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
     finally:

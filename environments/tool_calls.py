@@ -25,11 +25,11 @@ Environment -> model:
 The sampler ends a model turn when the generated text ends with one of
 `TURN_STOP_STRINGS`. `parse_action` never raises, whatever the input.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Union
 
 TURN_STOP_STRINGS = ("</call>", "</answer>")
 # Only this prefix of an action is scanned: bounds the cost on pathological input. Far
@@ -58,7 +58,7 @@ class Malformed:
     reason: str
 
 
-Action = Union[ToolCall, FinalAnswer, Malformed]
+Action = ToolCall | FinalAnswer | Malformed
 
 
 def parse_action(text: str) -> Action:
@@ -83,7 +83,7 @@ def _parse(text: str) -> Action:
     gt = text.find(">", m.end(), m.end() + MAX_NAME_CHARS + 64)
     if gt < 0:
         return Malformed("unclosed call tag")
-    name = text[m.end():gt].strip()
+    name = text[m.end() : gt].strip()
     if not name:
         return Malformed("empty tool name")
     if len(name) > MAX_NAME_CHARS or not _NAME_RE.match(name):

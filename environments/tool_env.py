@@ -7,6 +7,7 @@ latency, counts turns and ends the episode as finished or truncated. A concrete
 environment only says what its tool does (`call_tool`) and how an answer scores
 (`score_answer`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,15 @@ class ToolEnvironment(Environment):
         self._task, self._done, self._turns = task, False, 0
         # Per-task latency stream: deterministic, yet concurrent episodes differ.
         self._latency = self.config.tool_latency.sampler(stream=task.task_id)
-        self._info = {"turns": 0, "tool_calls": 0, "malformed_calls": 0, "unknown_tool_calls": 0,
-                      "tool_errors": 0, "tool_latency_s": 0.0, **extra_info}
+        self._info = {
+            "turns": 0,
+            "tool_calls": 0,
+            "malformed_calls": 0,
+            "unknown_tool_calls": 0,
+            "tool_errors": 0,
+            "tool_latency_s": 0.0,
+            **extra_info,
+        }
         return task.prompt
 
     async def reset(self, task: Task) -> str:

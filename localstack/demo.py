@@ -4,6 +4,7 @@ Starts the Pub/Sub emulator, the streaming rollout pipeline (BundleBasedDirectRu
 and the learner as separate process groups, waits for the learner to finish, stops
 everything (also on failure) and prints the learner's summary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from localstack.processes import ProcessGroup
 from localstack.pubsub_emulator import PubSubEmulator
+from trainer.contracts.record_shape import RecordLayout
 
 TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
 
@@ -33,14 +35,23 @@ def parse_args(argv):
     p.add_argument("--batch_records", type=int, default=2)
     p.add_argument("--group_size", type=int, default=4)
     p.add_argument("--env", default="calculator", help="calculator, guess or code (any registered name)")
-    p.add_argument("--tool_latency", default="fixed:0.05", help="per tool call: none, fixed:S, uniform:A:B, lognormal:M:S")
+    p.add_argument(
+        "--tool_latency", default="fixed:0.05", help="per tool call: none, fixed:S, uniform:A:B, lognormal:M:S"
+    )
     p.add_argument("--policy_poll_s", type=float, default=0.5)
     p.add_argument("--max_wait_s", type=float, default=1.0)
     p.add_argument("--timeout_s", type=float, default=900.0)
-    p.add_argument("--sync", action="store_true",
-                   help="the synchronous baseline: --max_staleness 0 --max_batches_ahead 0 for the learner")
-    p.add_argument("--warmstart_steps", type=int, default=200,
-                   help="behaviour cloning on oracle episodes before v0, so RL starts with signal")
+    p.add_argument(
+        "--sync",
+        action="store_true",
+        help="the synchronous baseline: --max_staleness 0 --max_batches_ahead 0 for the learner",
+    )
+    p.add_argument(
+        "--warmstart_steps",
+        type=int,
+        default=200,
+        help="behaviour cloning on oracle episodes before v0, so RL starts with signal",
+    )
     return p.parse_args(argv)
 
 
@@ -53,24 +64,48 @@ def run_local(args) -> dict:
         subs = {k: emu.create_subscription(f"{v}-sub", v) for k, v in TOPICS.items()}
         env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
         py = sys.executable
-        shape = ["--rows=4", "--seq_len=256", "--max_segments_per_row=2"]
-        pipeline_cmd = [py, "-m", "pipelines.rollout", "--runner=BundleBasedDirectRunner", "--streaming",
-                        f"--project={emu.project}", f"--requests_subscription={subs['requests']}",
-                        f"--records_topic={topics['records']}", f"--dead_letter_topic={topics['dead']}",
-                        f"--policy_root={store}", f"--policy_poll_s={args.policy_poll_s}",
-                        f"--max_wait_s={args.max_wait_s}", *shape]
-        learner_cmd = [py, "-m", "trainer.task", f"--requests_topic={topics['requests']}",
-                       f"--records_subscription={subs['records']}", f"--dead_letter_topic={topics['dead']}",
-                       f"--policy_root={store}", f"--max_steps={args.max_steps}",
-                       f"--publish_every={args.publish_every}", f"--batch_records={args.batch_records}",
-                       f"--keep_versions={args.keep_versions}", f"--group_size={args.group_size}",
-                       f"--timeout_s={args.timeout_s}", f"--summary_path={summary_path}",
-                       f"--warmstart_steps={args.warmstart_steps}",
-                       *(["--max_staleness=0", "--max_batches_ahead=0"] if args.sync else []),
-                       f"--env={args.env}", f"--env_config={json.dumps({'tool_latency': args.tool_latency})}",
-                       f"--data_dir={workdir / 'datasets'}", *shape]
-        with ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env) as pipeline, \
-                ProcessGroup(learner_cmd, workdir / "learner.log", env) as learner:
+        shape = RecordLayout().to_flags()  # the contract's defaults, the same for both sides
+        pipeline_cmd = [
+            py,
+            "-m",
+            "pipelines.rollout",
+            "--runner=BundleBasedDirectRunner",
+            "--streaming",
+            f"--project={emu.project}",
+            f"--requests_subscription={subs['requests']}",
+            f"--records_topic={topics['records']}",
+            f"--dead_letter_topic={topics['dead']}",
+            f"--policy_root={store}",
+            f"--policy_poll_s={args.policy_poll_s}",
+            f"--max_wait_s={args.max_wait_s}",
+            *shape,
+        ]
+        learner_cmd = [
+            py,
+            "-m",
+            "trainer.task",
+            f"--requests_topic={topics['requests']}",
+            f"--records_subscription={subs['records']}",
+            f"--dead_letter_topic={topics['dead']}",
+            f"--policy_root={store}",
+            f"--max_steps={args.max_steps}",
+            f"--publish_every={args.publish_every}",
+            f"--batch_records={args.batch_records}",
+            f"--keep_versions={args.keep_versions}",
+            f"--group_size={args.group_size}",
+            f"--timeout_s={args.timeout_s}",
+            f"--summary_path={summary_path}",
+            f"--warmstart_steps={args.warmstart_steps}",
+            *(["--max_staleness=0", "--max_batches_ahead=0"] if args.sync else []),
+            f"--env={args.env}",
+            f"--env_config={json.dumps({'tool_latency': args.tool_latency})}",
+            f"--data_dir={workdir / 'datasets'}",
+            *shape,
+        ]
+        with (
+            ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env) as pipeline,
+            ProcessGroup(learner_cmd, workdir / "learner.log", env) as learner,
+        ):
             deadline = time.monotonic() + args.timeout_s + 60
             while learner.poll() is None:
                 if pipeline.poll() is not None:
@@ -90,8 +125,10 @@ def print_summary(s: dict) -> None:
     print("\n=== agentic RL demo: summary ===")
     print(f"learner steps            {s['steps']}")
     print(f"policy versions          {s['policy_versions_published']}")
-    print(f"records consumed         {s['records_consumed']}  (shapes {s['declared_record_shapes']}; "
-          f"rejected {s['records_rejected']}, duplicates {s['records_duplicate']})")
+    print(
+        f"records consumed         {s['records_consumed']}  (shapes {s['declared_record_shapes']}; "
+        f"rejected {s['records_rejected']}, duplicates {s['records_duplicate']})"
+    )
     print(f"tokens consumed          {s['tokens_consumed']}  ({s['loss_tokens_consumed']} policy tokens)")
     print(f"trajectories             {s['trajectories']}  {s['episode_status']}")
     print(f"mean reward              {s['mean_reward']}")

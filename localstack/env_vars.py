@@ -1,4 +1,5 @@
 """Setting a local service's client variables in os.environ, and putting them back."""
+
 from __future__ import annotations
 
 import os

@@ -17,6 +17,7 @@ The server runs in-memory in its own process group; stop() kills the whole group
 Those clients cache the endpoint they first saw (gcsfs instances, Orbax's bucket cache),
 so a process should talk to one emulator for its lifetime: tests use `shared()`.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -54,9 +55,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class GcsEmulator(AppliesEnv):
-    def __init__(self, bucket: str = DEFAULT_BUCKET, project: str = DEFAULT_PROJECT, *,
-                 log_dir: str | os.PathLike | None = None, startup_timeout_s: float = 30.0,
-                 verbose: bool = False):
+    def __init__(
+        self,
+        bucket: str = DEFAULT_BUCKET,
+        project: str = DEFAULT_PROJECT,
+        *,
+        log_dir: str | os.PathLike | None = None,
+        startup_timeout_s: float = 30.0,
+        verbose: bool = False,
+    ):
         self.bucket, self.project = bucket, project
         self.startup_timeout_s, self.verbose = startup_timeout_s, verbose
         self._owns_dir = log_dir is None
@@ -95,12 +102,12 @@ class GcsEmulator(AppliesEnv):
 
     def _spawn_and_wait(self, port: int) -> None:
         repo = str(Path(__file__).resolve().parent.parent)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
         code = f"from localstack.gcs_emulator import serve; serve({port}, quiet={not self.verbose})"
         # cwd: the emulator may create ./.cloudstorage even in memory mode; keep it in our dir.
-        self._group = ProcessGroup([sys.executable, "-c", code], self._dir / f"gcs-emulator-{port}.log",
-                                   env=env, cwd=str(self._dir)).start()
+        self._group = ProcessGroup(
+            [sys.executable, "-c", code], self._dir / f"gcs-emulator-{port}.log", env=env, cwd=str(self._dir)
+        ).start()
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
@@ -144,9 +151,13 @@ class GcsEmulator(AppliesEnv):
     def env(self) -> dict[str, str]:
         if self.url is None:
             raise RuntimeError("emulator not started")
-        return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url,
-                "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator-token",
-                "GOOGLE_CLOUD_PROJECT": self.project, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+        return {
+            "STORAGE_EMULATOR_HOST": self.url,
+            "TENSORSTORE_GCS_HTTP_URL": self.url,
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator-token",
+            "GOOGLE_CLOUD_PROJECT": self.project,
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        }
 
     def uri(self, *parts: str) -> str:
         """gs://<bucket>/<parts...>"""
@@ -155,8 +166,9 @@ class GcsEmulator(AppliesEnv):
     # -------------------------------------------------------------------- admin
     def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with self._opener.open(req, timeout=10) as resp:
                 return resp.status, resp.read()
@@ -215,8 +227,9 @@ def serve(port: int, quiet: bool = True) -> None:
         return original(request, response, storage, *args, **kwargs)
 
     objects.download = download  # objects.get (alt=media) looks the name up per call
-    server.HANDLERS = tuple((rx, {m: download if f is original else f for m, f in h.items()})
-                            for rx, h in server.HANDLERS)
+    server.HANDLERS = tuple(
+        (rx, {m: download if f is original else f for m, f in h.items()}) for rx, h in server.HANDLERS
+    )
     logging.basicConfig(level=logging.CRITICAL if quiet else logging.DEBUG)
     emulator = server.create_server("127.0.0.1", port, in_memory=True)
     emulator.start()  # returns once bound; a failed bind logs the error and never returns

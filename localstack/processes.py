@@ -3,6 +3,7 @@
 A wrapper (gcloud, a Beam runner) may spawn children; killing only the leader would
 leave them running. Each ProcessGroup owns a session, and stop() signals the group.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,17 +47,22 @@ def kill_group(proc: subprocess.Popen, term_grace_s: float = 5.0) -> None:
 class ProcessGroup:
     """`with ProcessGroup(cmd, log_path, env) as pg:` runs cmd with output to log_path."""
 
-    def __init__(self, cmd: list[str], log_path: str | os.PathLike, env: dict | None = None,
-                 cwd: str | None = None):
+    def __init__(self, cmd: list[str], log_path: str | os.PathLike, env: dict | None = None, cwd: str | None = None):
         self.cmd, self.log_path, self.env, self.cwd = cmd, Path(log_path), env, cwd
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "ProcessGroup":
+    def start(self) -> ProcessGroup:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
         return self
 
     @property
@@ -76,7 +82,7 @@ class ProcessGroup:
         if self.proc is not None:
             kill_group(self.proc, term_grace_s)
 
-    def __enter__(self) -> "ProcessGroup":
+    def __enter__(self) -> ProcessGroup:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -9,6 +9,7 @@
 the wrapper alone leaves java (and the port) behind. So the emulator runs in its own
 process group and `stop()` kills the whole group.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -26,7 +27,7 @@ from google.api_core import exceptions as gexc
 
 from localstack.env_vars import AppliesEnv
 from localstack.processes import kill_group
-from trainer import pubsub_io
+from trainer.contracts import pubsub_io
 
 DEFAULT_PROJECT = "local-agentic-rl"  # Beam refuses project ids not of the real form
 INSTALL_HINT = (
@@ -94,16 +95,19 @@ class PubSubEmulator(AppliesEnv):
         # `gcloud components list` needs the network.
         root = Path(os.path.realpath(gcloud)).parent.parent
         if (root / "lib" / "gcloud.py").is_file():
-            missing = [name for name, rel in (
-                ("beta", "lib/surface/beta"),
-                ("pubsub-emulator", "platform/pubsub-emulator"),
-            ) if not (root / rel).exists()]
+            missing = [
+                name
+                for name, rel in (
+                    ("beta", "lib/surface/beta"),
+                    ("pubsub-emulator", "platform/pubsub-emulator"),
+                )
+                if not (root / rel).exists()
+            ]
             if missing:
-                raise EmulatorUnavailable(
-                    f"gcloud at {root} lacks component(s) {', '.join(missing)}: {INSTALL_HINT}")
+                raise EmulatorUnavailable(f"gcloud at {root} lacks component(s) {', '.join(missing)}: {INSTALL_HINT}")
         return gcloud
 
-    def start(self) -> "PubSubEmulator":
+    def start(self) -> PubSubEmulator:
         if self._proc is not None:
             return self
         gcloud = self._check_installed()
@@ -124,16 +128,23 @@ class PubSubEmulator(AppliesEnv):
     def _spawn_and_wait(self, gcloud: str, port: int) -> None:
         self.host = f"127.0.0.1:{port}"
         self.log_path = self._dir / f"emulator-{port}.log"
-        env = dict(os.environ, CLOUDSDK_CORE_DISABLE_PROMPTS="1",
-                   CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK="1")
+        env = dict(os.environ, CLOUDSDK_CORE_DISABLE_PROMPTS="1", CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK="1")
         data_dir = self._dir / f"data-{port}"  # isolated from ~/.config/gcloud; must exist
         data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [gcloud, "beta", "emulators", "pubsub", "start", f"--host-port={self.host}",
-               f"--project={self.project}", f"--data-dir={data_dir}"]
+        cmd = [
+            gcloud,
+            "beta",
+            "emulators",
+            "pubsub",
+            "start",
+            f"--host-port={self.host}",
+            f"--project={self.project}",
+            f"--data-dir={data_dir}",
+        ]
         with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True)  # own process group
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )  # own process group
         deadline = time.monotonic() + self.startup_timeout_s
         # Ready = our java logged that it listens on the port AND it answers HTTP "Ok".
         # The log check matters: on a port race java logs a BindException but does not
@@ -146,11 +157,9 @@ class PubSubEmulator(AppliesEnv):
                 self._kill_group()
                 self._proc = None
                 cls = EmulatorStartError  # a port race is retried by start()
-                if not any(s in log for s in _PORT_IN_USE) and any(
-                        s in log for s in _NOT_INSTALLED):
+                if not any(s in log for s in _PORT_IN_USE) and any(s in log for s in _NOT_INSTALLED):
                     cls, log = EmulatorUnavailable, f"{log[-3000:]}\n{INSTALL_HINT}"
-                raise cls(f"pubsub emulator failed to start; log {self.log_path}:\n"
-                          f"{log[-3000:]}")
+                raise cls(f"pubsub emulator failed to start; log {self.log_path}:\n{log[-3000:]}")
             if started in log:
                 with contextlib.suppress(OSError):
                     with opener.open(f"http://{self.host}/", timeout=1.0) as resp:
@@ -161,7 +170,8 @@ class PubSubEmulator(AppliesEnv):
                 self._proc = None
                 raise EmulatorStartError(
                     f"pubsub emulator not ready after {self.startup_timeout_s}s; "
-                    f"log {self.log_path}:\n{self.log_tail()}")
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
             time.sleep(0.1)
 
     def log_tail(self, n_chars: int = 3000) -> str:
@@ -188,7 +198,7 @@ class PubSubEmulator(AppliesEnv):
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def __enter__(self) -> "PubSubEmulator":
+    def __enter__(self) -> PubSubEmulator:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -236,7 +246,7 @@ class PubSubEmulator(AppliesEnv):
         """Create a pull subscription on ``topic`` if needed; returns its full path."""
         path = self.subscription_path(name)
         with contextlib.suppress(gexc.AlreadyExists):
-            self.subscriber().create_subscription(request={
-                "name": path, "topic": self.topic_path(topic),
-                "ack_deadline_seconds": int(ack_deadline_s)})
+            self.subscriber().create_subscription(
+                request={"name": path, "topic": self.topic_path(topic), "ack_deadline_seconds": int(ack_deadline_s)}
+            )
         return path

@@ -6,12 +6,13 @@ padded up to the longest sequence length. One longer than the largest bucket is 
 it (a consistent prefix: tokens, loss mask, log-probs and versions cut at the same
 place) or dropped, as configured; either way the caller counts it.
 """
+
 from __future__ import annotations
 
 import bisect
 import dataclasses
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,9 +40,13 @@ def truncate(t: Trajectory, max_tokens: int) -> Trajectory:
     if len(t) <= max_tokens:
         return t
     return dataclasses.replace(
-        t, tokens=t.tokens[:max_tokens].copy(), loss_mask=t.loss_mask[:max_tokens].copy(),
+        t,
+        tokens=t.tokens[:max_tokens].copy(),
+        loss_mask=t.loss_mask[:max_tokens].copy(),
         behaviour_logprobs=t.behaviour_logprobs[:max_tokens].copy(),
-        policy_versions=t.policy_versions[:max_tokens].copy(), status=EpisodeStatus.TRUNCATED.value)
+        policy_versions=t.policy_versions[:max_tokens].copy(),
+        status=EpisodeStatus.TRUNCATED.value,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

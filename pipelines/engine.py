@@ -11,17 +11,18 @@ All slots advance together in one fixed-shape call per step, so nothing recompil
 policy can be swapped between steps (`policy_source`); each token records the version
 that sampled it.
 """
+
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import itertools
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-from trainer.sampling import Sampler
+from trainer.policy.sampling import Sampler
 
 
 @dataclasses.dataclass(eq=False)
@@ -37,7 +38,7 @@ class Sequence:
     done: bool = False
 
     @classmethod
-    def start(cls, tokens: list[int]) -> "Sequence":
+    def start(cls, tokens: list[int]) -> Sequence:
         return cls(list(tokens), [0] * len(tokens), [0.0] * len(tokens), [-1] * len(tokens))
 
     def extend_env(self, tokens: list[int]) -> None:
@@ -57,8 +58,9 @@ class _Job:
 
 
 class InferenceEngine:
-    def __init__(self, sampler: Sampler, policy_source: Callable[[], tuple[object, int]],
-                 max_tokens: int | None = None):
+    def __init__(
+        self, sampler: Sampler, policy_source: Callable[[], tuple[object, int]], max_tokens: int | None = None
+    ):
         self.sampler = sampler
         self.policy_source = policy_source  # () -> (params, version); cheap, called every step
         self.max_tokens = min(max_tokens or sampler.length, sampler.length)
@@ -69,8 +71,15 @@ class InferenceEngine:
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._clock = itertools.count()
-        self.stats = {"steps": 0, "prefill_steps": 0, "generated_tokens": 0, "fed_tokens": 0,
-                      "refeeds": 0, "busy_s": 0.0, "slot_steps": 0}
+        self.stats = {
+            "steps": 0,
+            "prefill_steps": 0,
+            "generated_tokens": 0,
+            "fed_tokens": 0,
+            "refeeds": 0,
+            "busy_s": 0.0,
+            "slot_steps": 0,
+        }
 
     async def generate(self, seq: Sequence, max_new: int, stop: Callable[[list[int]], bool]) -> int:
         """Appends up to max_new sampled tokens to seq (fewer if stop() says so or the
@@ -94,7 +103,7 @@ class InferenceEngine:
                 slot = seq.slot  # its cache is intact: feed only what is new
             else:
                 # Prefer slots that cache nothing worth keeping (finished or no owner).
-                slot = min(self._free, key=lambda s: (self._owner[s] is not None and not self._owner[s].done))
+                slot = min(self._free, key=lambda s: self._owner[s] is not None and not self._owner[s].done)
                 if seq.cached:
                     self.stats["refeeds"] += 1
                 seq.slot, seq.cached = slot, 0
@@ -112,7 +121,7 @@ class InferenceEngine:
                 continue
             try:
                 self._step()
-            except Exception as e:  # noqa: BLE001 - fail the waiting episodes, not the loop
+            except Exception as e:
                 for slot, job in list(self._active.items()):
                     self._finish(slot, job, error=e)
             await asyncio.sleep(0)  # let environments and new episodes run
@@ -129,7 +138,7 @@ class InferenceEngine:
             start[s] = min(owner.cached, self.sampler.length - 1) if owner is not None else 0
         for s, job in self._active.items():
             k = min(pending[s], width)
-            tokens[s, :k] = job.seq.tokens[job.seq.cached:job.seq.cached + k]
+            tokens[s, :k] = job.seq.tokens[job.seq.cached : job.seq.cached + k]
             n_valid[s] = k
         nxt, logp = self.sampler.step(params, tokens, start, n_valid)
         self.stats["steps"] += 1
@@ -147,8 +156,11 @@ class InferenceEngine:
             seq.versions.append(version)
             job.new += 1
             self.stats["generated_tokens"] += 1
-            if (job.new >= job.max_new or len(seq.tokens) >= self.max_tokens
-                    or job.stop(seq.tokens[len(seq.tokens) - job.new:])):
+            if (
+                job.new >= job.max_new
+                or len(seq.tokens) >= self.max_tokens
+                or job.stop(seq.tokens[len(seq.tokens) - job.new :])
+            ):
                 self._finish(s, job)
         self.stats["busy_s"] += time.perf_counter() - t0
 

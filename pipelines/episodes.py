@@ -5,6 +5,7 @@ episodes of a group run concurrently, and so do groups: while one waits on a too
 engine decodes for the others. Group-relative advantages are computed once every
 episode of the group has ended.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,12 +14,12 @@ import time
 
 import numpy as np
 
-from environments import EpisodeStatus, Environment, Task
+from environments import Environment, EpisodeStatus, Task
 from environments.tool_calls import TURN_STOP_STRINGS
 from pipelines.engine import InferenceEngine, Sequence
 from pipelines.trajectory import Trajectory
-from trainer import tokenizer
-from trainer.losses import ADVANTAGE_ESTIMATORS
+from trainer.policy import tokenizer
+from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ async def run_episode(engine: InferenceEngine, env: Environment, task: Task, lim
                 return out
             obs = tokenizer.encode(result.observation)
             room = limits.max_tokens - len(seq.tokens) - 1  # keep room for one generated token
-            seq.extend_env(obs[:max(room, 0)])
+            seq.extend_env(obs[: max(room, 0)])
             if len(obs) > room:
                 out.status = EpisodeStatus.TRUNCATED.value
                 return out
@@ -89,7 +90,7 @@ async def _env_step(env, action, out: _Outcome, limits: EpisodeLimits, deadline:
         return await asyncio.wait_for(env.step(action), timeout=timeout)
     except TimeoutError:
         out.status = EpisodeStatus.TIMEOUT.value
-    except Exception:  # noqa: BLE001 - an environment bug ends this episode, not the worker
+    except Exception:
         out.status = EpisodeStatus.ENV_ERROR.value
     finally:
         out.env_latency_s += time.monotonic() - started
@@ -97,18 +98,32 @@ async def _env_step(env, action, out: _Outcome, limits: EpisodeLimits, deadline:
     return None
 
 
-async def run_group(engine: InferenceEngine, envs: list[Environment], task: Task, request_id: str,
-                    limits: EpisodeLimits, advantage_estimator: str = "grpo") -> list[Trajectory]:
+async def run_group(
+    engine: InferenceEngine,
+    envs: list[Environment],
+    task: Task,
+    request_id: str,
+    limits: EpisodeLimits,
+    advantage_estimator: str = "grpo",
+) -> list[Trajectory]:
     outcomes = await asyncio.gather(*(run_episode(engine, env, task, limits) for env in envs))
     advantages = ADVANTAGE_ESTIMATORS[advantage_estimator]([o.reward for o in outcomes])
     finished_at = time.time()
     return [
         Trajectory(
-            trajectory_id=f"{request_id}/{i}", request_id=request_id, task_id=task.task_id,
-            tokens=np.asarray(o.seq.tokens, np.int32), loss_mask=np.asarray(o.seq.loss_mask, np.uint8),
+            trajectory_id=f"{request_id}/{i}",
+            request_id=request_id,
+            task_id=task.task_id,
+            tokens=np.asarray(o.seq.tokens, np.int32),
+            loss_mask=np.asarray(o.seq.loss_mask, np.uint8),
             behaviour_logprobs=np.asarray(o.seq.logprobs, np.float32),
-            policy_versions=np.asarray(o.seq.versions, np.int32), reward=o.reward, status=o.status,
-            advantage=float(advantages[i]), env_latency_s=o.env_latency_s, num_turns=o.turns,
-            finished_at=finished_at)
+            policy_versions=np.asarray(o.seq.versions, np.int32),
+            reward=o.reward,
+            status=o.status,
+            advantage=float(advantages[i]),
+            env_latency_s=o.env_latency_s,
+            num_turns=o.turns,
+            finished_at=finished_at,
+        )
         for i, o in enumerate(outcomes)
     ]

@@ -12,12 +12,14 @@ all three flush reasons, two of which happen in @on_timer. (On BundleBasedDirect
 that alone does not make them visible: it reports only each step's first bundle of
 metric updates, timers included; see tests/test_pack_windows.py.)
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.coders import BooleanCoder, PickleCoder
@@ -28,13 +30,14 @@ from apache_beam.transforms.window import FixedWindows, GlobalWindows, Timestamp
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 from pipelines import bucketing
+from pipelines.metrics import NAMESPACE
 from pipelines.packing import pack, take_full_records
 from pipelines.packing_config import PackingConfig
 from pipelines.trajectory import Trajectory
-from trainer.config import RecordShape
-from trainer.records import PackedRecord
+from trainer.contracts.record_shape import RecordShape
+from trainer.contracts.records import PackedRecord
 
-NS = "rollout"
+NS = NAMESPACE
 FULL, WINDOW_END, MAX_WAIT = "full", "window_end", "max_wait"
 FLUSH_REASONS = (FULL, WINDOW_END, MAX_WAIT)
 Clock = Callable[[], float]
@@ -48,6 +51,7 @@ class DropNotice:
     """Trajectories deliberately not packed. Sent on to the learner, whose feeder credits
     count trajectories: without the notice, filtered trajectories would never return their
     credits and the feeder would slowly starve."""
+
     reason: str
     trajectory_ids: tuple[str, ...]
 
@@ -55,6 +59,7 @@ class DropNotice:
 @dataclasses.dataclass(frozen=True)
 class FlushedRecord:
     """What the packer emits: the record plus why and how late it left."""
+
     record: PackedRecord
     seq_len: int  # the bucket
     reason: str  # FULL | WINDOW_END | MAX_WAIT
@@ -63,7 +68,7 @@ class FlushedRecord:
 
 class FilterZeroSignalGroupsFn(beam.DoFn):
     """Drops (when enabled) groups whose advantages are all 0: every reward was equal, so
-    no token of the group moves the policy. group_relative_advantages returns exact zeros."""
+    no token of the group moves the policy. every estimator in trainer.rl.advantages returns exact zeros."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -81,7 +86,9 @@ class FilterZeroSignalGroupsFn(beam.DoFn):
             if self.enabled:
                 self.dropped_groups.inc()
                 self.dropped_trajs.inc(len(group))
-                yield beam.pvalue.TaggedOutput(DROPPED, DropNotice("zero_signal", tuple(t.trajectory_id for t in group)))
+                yield beam.pvalue.TaggedOutput(
+                    DROPPED, DropNotice("zero_signal", tuple(t.trajectory_id for t in group))
+                )
                 return
         yield group
 
@@ -109,11 +116,13 @@ class DedupBy(beam.PTransform):
 
     def expand(self, trajectories):
         key_fn = self.key_fn
-        return (trajectories
-                | "CountIn" >> beam.ParDo(CountFn(f"{self.name}_in"))
-                | "Key" >> beam.Map(lambda t: (key_fn(t), t)).with_output_types(tuple[str, Any])
-                | "Deduplicate" >> DeduplicatePerKey(processing_time_duration=Duration.of(self.window_s))
-                | "CountOut" >> beam.ParDo(CountFn(f"{self.name}_out", unkey=True)))
+        return (
+            trajectories
+            | "CountIn" >> beam.ParDo(CountFn(f"{self.name}_in"))
+            | "Key" >> beam.Map(lambda t: (key_fn(t), t)).with_output_types(tuple[str, Any])
+            | "Deduplicate" >> DeduplicatePerKey(processing_time_duration=Duration.of(self.window_s))
+            | "CountOut" >> beam.ParDo(CountFn(f"{self.name}_out", unkey=True))
+        )
 
 
 class FitToBucketsFn(beam.DoFn):
@@ -121,9 +130,11 @@ class FitToBucketsFn(beam.DoFn):
 
     def __init__(self, seq_lens: tuple[int, ...], overlong: str):
         self.seq_lens, self.overlong = seq_lens, overlong
-        self.outcomes = {bucketing.TRUNCATED: Metrics.counter(NS, "overlong_truncated"),
-                         bucketing.DROPPED_OVERLONG: Metrics.counter(NS, "overlong_dropped"),
-                         bucketing.DROPPED_EMPTY: Metrics.counter(NS, "empty_dropped")}
+        self.outcomes = {
+            bucketing.TRUNCATED: Metrics.counter(NS, "overlong_truncated"),
+            bucketing.DROPPED_OVERLONG: Metrics.counter(NS, "overlong_dropped"),
+            bucketing.DROPPED_EMPTY: Metrics.counter(NS, "empty_dropped"),
+        }
 
     def process(self, t: Trajectory):
         fit = bucketing.fit_to_buckets(t, self.seq_lens, self.overlong)
@@ -162,9 +173,16 @@ class PackRecordsFn(beam.DoFn):
     def __init__(self, shapes: tuple[RecordShape, ...], max_wait_s: float, clock: Clock = time.time):
         self.shapes, self.max_wait_s, self.clock = shapes, max_wait_s, clock
 
-    def process(self, kv, window=beam.DoFn.WindowParam, buffer=beam.DoFn.StateParam(BUFFER),
-                arrivals=beam.DoFn.StateParam(ARRIVALS), armed=beam.DoFn.StateParam(ARMED),
-                max_wait=beam.DoFn.TimerParam(MAX_WAIT_TIMER), window_end=beam.DoFn.TimerParam(WINDOW_END_TIMER)):
+    def process(
+        self,
+        kv,
+        window=beam.DoFn.WindowParam,
+        buffer=beam.DoFn.StateParam(BUFFER),
+        arrivals=beam.DoFn.StateParam(ARRIVALS),
+        armed=beam.DoFn.StateParam(ARMED),
+        max_wait=beam.DoFn.TimerParam(MAX_WAIT_TIMER),
+        window_end=beam.DoFn.TimerParam(WINDOW_END_TIMER),
+    ):
         (bucket, _), t = kv
         buffer.add(t)
         arrivals.add((t.trajectory_id, self.clock()))
@@ -193,17 +211,27 @@ class PackRecordsFn(beam.DoFn):
         yield from self._flushed(ready, items, bucket, FULL)
 
     @on_timer(MAX_WAIT_TIMER)
-    def on_max_wait(self, key=beam.DoFn.KeyParam, buffer=beam.DoFn.StateParam(BUFFER),
-                    arrivals=beam.DoFn.StateParam(ARRIVALS), armed=beam.DoFn.StateParam(ARMED),
-                    window_end=beam.DoFn.TimerParam(WINDOW_END_TIMER)):
+    def on_max_wait(
+        self,
+        key=beam.DoFn.KeyParam,
+        buffer=beam.DoFn.StateParam(BUFFER),
+        arrivals=beam.DoFn.StateParam(ARRIVALS),
+        armed=beam.DoFn.StateParam(ARMED),
+        window_end=beam.DoFn.TimerParam(WINDOW_END_TIMER),
+    ):
         window_end.clear()
         arrivals.clear()
         yield from self._flush_all(key[0], buffer, armed, MAX_WAIT)
 
     @on_timer(WINDOW_END_TIMER)
-    def on_window_end(self, key=beam.DoFn.KeyParam, buffer=beam.DoFn.StateParam(BUFFER),
-                      arrivals=beam.DoFn.StateParam(ARRIVALS), armed=beam.DoFn.StateParam(ARMED),
-                      max_wait=beam.DoFn.TimerParam(MAX_WAIT_TIMER)):
+    def on_window_end(
+        self,
+        key=beam.DoFn.KeyParam,
+        buffer=beam.DoFn.StateParam(BUFFER),
+        arrivals=beam.DoFn.StateParam(ARRIVALS),
+        armed=beam.DoFn.StateParam(ARMED),
+        max_wait=beam.DoFn.TimerParam(MAX_WAIT_TIMER),
+    ):
         max_wait.clear()
         arrivals.clear()
         yield from self._flush_all(key[0], buffer, armed, WINDOW_END)
@@ -255,37 +283,47 @@ class PackTrajectoryGroups(beam.PTransform):
     {"records": ..., "dropped": PCollection[DropNotice]} (zero-signal groups, overlong and
     empty trajectories; duplicates by id need none: their first copy is packed)."""
 
-    def __init__(self, config: PackingConfig, clock: Clock = time.time, keep_flush_info: bool = False,
-                 drop_notices: bool = False):
+    def __init__(
+        self, config: PackingConfig, clock: Clock = time.time, keep_flush_info: bool = False, drop_notices: bool = False
+    ):
         super().__init__()
         self.config, self.clock, self.keep_flush_info = config, clock, keep_flush_info
         self.drop_notices = drop_notices
 
     def expand(self, groups):
         cfg, clock = self.config, self.clock
-        kept = (groups
-                | "GlobalWindowForDedup" >> beam.WindowInto(GlobalWindows())
-                | "FilterZeroSignalGroups" >> beam.ParDo(FilterZeroSignalGroupsFn(cfg.filter_zero_signal))
-                .with_outputs(DROPPED, main="groups"))
-        trajs = (kept.groups
-                 | "FlattenGroups" >> beam.FlatMap(lambda g: g)
-                 | "DedupById" >> DedupBy("dedup", lambda t: t.trajectory_id, cfg.dedup_window_s))
+        kept = (
+            groups
+            | "GlobalWindowForDedup" >> beam.WindowInto(GlobalWindows())
+            | "FilterZeroSignalGroups"
+            >> beam.ParDo(FilterZeroSignalGroupsFn(cfg.filter_zero_signal)).with_outputs(DROPPED, main="groups")
+        )
+        trajs = (
+            kept.groups
+            | "FlattenGroups" >> beam.FlatMap(lambda g: g)
+            | "DedupById" >> DedupBy("dedup", lambda t: t.trajectory_id, cfg.dedup_window_s)
+        )
         if cfg.content_dedup:
             trajs = trajs | "DedupByContent" >> DedupBy("content_dedup", bucketing.content_hash, cfg.dedup_window_s)
         num_shards = cfg.num_shards
         fitted = trajs | "FitToBuckets" >> beam.ParDo(FitToBucketsFn(cfg.buckets, cfg.overlong)).with_outputs(
-            DROPPED, main="fitted")
-        records = (fitted.fitted
-                   | "TimestampByFinish" >> beam.Map(timestamp_by_finish, clock)
-                   | "WindowIntoFixed" >> beam.WindowInto(FixedWindows(cfg.window_s),
-                                                          allowed_lateness=Duration.of(cfg.allowed_lateness_s))
-                   | "KeyByBucketShard" >> beam.Map(lambda kv: ((kv[0], shard_of(kv[1].trajectory_id, num_shards)), kv[1]))
-                   .with_output_types(tuple[tuple[int, int], Any])
-                   | "PackRecords" >> beam.ParDo(PackRecordsFn(cfg.shapes, cfg.max_wait_s, clock))
-                   | "CountRecords" >> beam.ParDo(CountRecordsFn(cfg.buckets, cfg.rows, self.keep_flush_info))
-                   # Records leave in the global window, as the old packer's did: nothing
-                   # downstream groups them by the packing window.
-                   | "GlobalWindow" >> beam.WindowInto(GlobalWindows()))
+            DROPPED, main="fitted"
+        )
+        records = (
+            fitted.fitted
+            | "TimestampByFinish" >> beam.Map(timestamp_by_finish, clock)
+            | "WindowIntoFixed"
+            >> beam.WindowInto(FixedWindows(cfg.window_s), allowed_lateness=Duration.of(cfg.allowed_lateness_s))
+            | "KeyByBucketShard"
+            >> beam.Map(lambda kv: ((kv[0], shard_of(kv[1].trajectory_id, num_shards)), kv[1])).with_output_types(
+                tuple[tuple[int, int], Any]
+            )
+            | "PackRecords" >> beam.ParDo(PackRecordsFn(cfg.shapes, cfg.max_wait_s, clock))
+            | "CountRecords" >> beam.ParDo(CountRecordsFn(cfg.buckets, cfg.rows, self.keep_flush_info))
+            # Records leave in the global window: nothing downstream groups them by
+            # the packing window.
+            | "GlobalWindow" >> beam.WindowInto(GlobalWindows())
+        )
         if not self.drop_notices:
             return records
         dropped = (kept[DROPPED], fitted[DROPPED]) | "AllDropNotices" >> beam.Flatten()

@@ -4,6 +4,7 @@ A row holds whole trajectories only (no segment crosses a row), at most
 `max_segments_per_row` of them; segment ids count 1..k within the row and
 positions restart at 0 in each segment.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -11,12 +12,13 @@ import hashlib
 import numpy as np
 
 from pipelines.trajectory import Trajectory
-from trainer.config import RecordShape
-from trainer.records import PackedRecord, TrajectoryInfo, empty_record_arrays
+from trainer.contracts.record_shape import RecordShape
+from trainer.contracts.records import PackedRecord, TrajectoryInfo, empty_record_arrays
 
 
-def first_fit_decreasing(lengths: list[int], seq_len: int, max_per_row: int,
-                         tie_keys: list[str] | None = None) -> list[list[int]]:
+def first_fit_decreasing(
+    lengths: list[int], seq_len: int, max_per_row: int, tie_keys: list[str] | None = None
+) -> list[list[int]]:
     """Assigns item indices to bins of capacity seq_len; returns the bins (lists of indices).
     Equal lengths are ordered by tie_keys, so the result does not depend on arrival order."""
     bins: list[list[int]] = []
@@ -40,25 +42,32 @@ def pack(trajectories: list[Trajectory], shape: RecordShape) -> list[PackedRecor
     """All trajectories into as few records as first-fit decreasing allows; the last
     record may be partly padding."""
     rows = _rows(trajectories, shape)
-    return [build_record(trajectories, rows[i:i + shape.rows], shape) for i in range(0, len(rows), shape.rows)]
+    return [build_record(trajectories, rows[i : i + shape.rows], shape) for i in range(0, len(rows), shape.rows)]
 
 
-def take_full_records(trajectories: list[Trajectory], shape: RecordShape) -> tuple[list[PackedRecord], list[Trajectory]]:
+def take_full_records(
+    trajectories: list[Trajectory], shape: RecordShape
+) -> tuple[list[PackedRecord], list[Trajectory]]:
     """Streaming step: records that are as full as they will get, plus the leftovers to
     keep buffering. A record is ready when the buffer overflows it (FFD puts the longest
     trajectories first) or when every row already holds its maximum segment count."""
     rows = _rows(trajectories, shape)
     ready = []
     while len(rows) > shape.rows or (
-            len(rows) == shape.rows and all(len(r) == shape.max_segments_per_row for r in rows)):
-        ready.append(build_record(trajectories, rows[:shape.rows], shape))
-        rows = rows[shape.rows:]
+        len(rows) == shape.rows and all(len(r) == shape.max_segments_per_row for r in rows)
+    ):
+        ready.append(build_record(trajectories, rows[: shape.rows], shape))
+        rows = rows[shape.rows :]
     return ready, [trajectories[i] for row in rows for i in row]
 
 
 def _rows(trajectories: list[Trajectory], shape: RecordShape) -> list[list[int]]:
-    return first_fit_decreasing([len(t) for t in trajectories], shape.seq_len, shape.max_segments_per_row,
-                                [t.trajectory_id for t in trajectories])
+    return first_fit_decreasing(
+        [len(t) for t in trajectories],
+        shape.seq_len,
+        shape.max_segments_per_row,
+        [t.trajectory_id for t in trajectories],
+    )
 
 
 def build_record(trajectories: list[Trajectory], rows: list[list[int]], shape: RecordShape) -> PackedRecord:

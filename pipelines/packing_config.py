@@ -3,14 +3,21 @@
 Settings that would lose data, never flush, or build records Pub/Sub cannot carry are
 refused here, at construction, rather than discovered in a running job.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 
 from pipelines.bucketing import OVERLONG_POLICIES
-from trainer import records
-from trainer.config import RecordShape
+from trainer.contracts import records
+from trainer.contracts.record_shape import (
+    DEFAULT_BUCKETS,
+    DEFAULT_MAX_SEGMENTS_PER_ROW,
+    DEFAULT_ROWS,
+    RecordLayout,
+    RecordShape,
+)
 
 # Bytes per [row, position] cell on the wire: one entry of each record array.
 CELL_BYTES = sum(dt.itemsize for dt in records.ARRAY_SPECS.values())
@@ -30,9 +37,9 @@ def record_bytes_upper_bound(shape: RecordShape) -> int:
 class PackingConfig:
     # Sequence lengths of the record shapes, ascending; every bucket has the same rows
     # and max_segments_per_row, so a record is [rows, buckets[i]].
-    buckets: tuple[int, ...] = (256,)
-    rows: int = 4
-    max_segments_per_row: int = 2
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    rows: int = DEFAULT_ROWS
+    max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
     # Event-time window: a buffer is flushed at the latest when the watermark passes
     # its window's end; this also bounds how long per-key state lives.
     window_s: float = 60.0
@@ -41,8 +48,8 @@ class PackingConfig:
     num_shards: int = 1  # packing keys per bucket: spreads one bucket over workers
     dedup_window_s: float = 3600.0  # how long a trajectory id (or content hash) is remembered
     content_dedup: bool = False  # also drop equal token ids + loss mask under another id
-    # Off by default: the feeder returns credits per trajectory *received*, so dropped
-    # groups are credits never returned (see README "Credits").
+    # Off by default. Dropped groups send a drop notice on the records topic, which returns
+    # their feeder credits (see README "Credits").
     filter_zero_signal: bool = False
     overlong: str = "truncate"  # longer than the largest bucket: "truncate" | "drop"
     # Elements behind the watermark are still packed (and flushed at once) when their
@@ -51,17 +58,9 @@ class PackingConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "buckets", tuple(self.buckets))
-        b = self.buckets
-        if not b:
-            raise ValueError("buckets must list at least one sequence length")
-        if any(type(x) is not int or x <= 0 for x in b):
-            raise ValueError(f"bucket sequence lengths must be positive ints, got {b}")
-        if any(x >= y for x, y in zip(b, b[1:])):
-            raise ValueError(f"buckets must be strictly increasing (sorted, no duplicates), got {b}")
-        for name in ("rows", "max_segments_per_row", "num_shards"):
-            v = getattr(self, name)
-            if type(v) is not int or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        RecordLayout(self.buckets, self.rows, self.max_segments_per_row)  # the one shape check
+        if type(self.num_shards) is not int or self.num_shards <= 0:
+            raise ValueError(f"num_shards must be a positive int, got {self.num_shards!r}")
         for name in ("window_s", "max_wait_s", "dedup_window_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -84,12 +83,17 @@ class PackingConfig:
                 raise ValueError(
                     f"a {shape.rows}x{shape.seq_len} record (up to {shape.max_trajectories} trajectories) can take "
                     f"{record_bytes_upper_bound(shape)} bytes, over the {records.MAX_MESSAGE_BYTES}-byte message cap; "
-                    f"use fewer rows or a shorter bucket")
+                    f"use fewer rows or a shorter bucket"
+                )
+
+    @property
+    def layout(self) -> RecordLayout:
+        return RecordLayout(self.buckets, self.rows, self.max_segments_per_row)
 
     @property
     def shapes(self) -> tuple[RecordShape, ...]:
         """One record shape per bucket, in bucket order."""
-        return tuple(RecordShape(self.rows, s, self.max_segments_per_row) for s in self.buckets)
+        return self.layout.shapes
 
     @property
     def max_seq_len(self) -> int:

@@ -6,6 +6,7 @@ background thread (`start_polling`), so loading never stalls decoding; the engin
 the current version and is counted. Only complete versions are ever loaded (the store
 writes LATEST last, and `load` refuses a version without its commit marker).
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,18 +16,20 @@ import time
 import jax
 from flax import nnx
 
-from trainer.store import PolicyStore, StoreError
+from trainer.contracts.store import PolicyStore, StoreError
+from trainer.policy.model import abstract_tree
 
 log = logging.getLogger(__name__)
 
 
 class PolicyHandle:
-    def __init__(self, store: PolicyStore, template_params: nnx.State, poll_interval_s: float = 1.0,
-                 clock=time.monotonic):
+    def __init__(
+        self, store: PolicyStore, template_params: nnx.State, poll_interval_s: float = 1.0, clock=time.monotonic
+    ):
         self.store = store
         self.poll_interval_s = poll_interval_s
         self._template = template_params
-        self._target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(template_params))
+        self._target = abstract_tree(nnx.to_pure_dict(template_params))
         self._clock = clock
         self._last_poll = float("-inf")
         self.current: tuple[nnx.State, int] | None = None  # swapped as one reference

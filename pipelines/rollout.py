@@ -4,6 +4,7 @@
         --requests_subscription=projects/P/subscriptions/S --records_topic=projects/P/topics/T \\
         --policy_root=/path/to/store
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,26 +14,32 @@ import threading
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines.options import RolloutOptions, packing_config
+from pipelines.options import RolloutOptions, engine_config, packing_config
 from pipelines.pack_transform import DROPPED, PackTrajectoryGroups
 from pipelines.transforms import DEAD_LETTER, ParseRequestFn, RunEpisodes, drop_notice_message, to_pubsub_message
-from trainer.rollout_request import HEARTBEAT_ATTRIBUTE
+from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 
 DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
 
 def build(p: beam.Pipeline, options: PipelineOptions) -> None:
     opts = options.view_as(RolloutOptions)
-    parsed = (p
-              | "ReadRequests" >> beam.io.ReadFromPubSub(subscription=opts.requests_subscription, with_attributes=True)
-              | "ParseRequests" >> beam.ParDo(ParseRequestFn()).with_outputs(DEAD_LETTER, main="requests"))
-    episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(options)
+    parsed = (
+        p
+        | "ReadRequests" >> beam.io.ReadFromPubSub(subscription=opts.requests_subscription, with_attributes=True)
+        | "ParseRequests" >> beam.ParDo(ParseRequestFn()).with_outputs(DEAD_LETTER, main="requests")
+    )
+    episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(engine_config(options))
     packed = episodes["groups"] | "Pack" >> PackTrajectoryGroups(packing_config(opts), drop_notices=True)
     # Drop notices travel with the records: the learner returns their feeder credits.
-    ((packed["records"] | "RecordMessages" >> beam.Map(to_pubsub_message),
-      packed[DROPPED] | "DropNoticeMessages" >> beam.Map(drop_notice_message))
-     | "AllMessages" >> beam.Flatten()
-     | "WriteRecords" >> beam.io.WriteToPubSub(opts.records_topic, with_attributes=True))
+    (
+        (
+            packed["records"] | "RecordMessages" >> beam.Map(to_pubsub_message),
+            packed[DROPPED] | "DropNoticeMessages" >> beam.Map(drop_notice_message),
+        )
+        | "AllMessages" >> beam.Flatten()
+        | "WriteRecords" >> beam.io.WriteToPubSub(opts.records_topic, with_attributes=True)
+    )
     dead = (parsed[DEAD_LETTER], episodes[DEAD_LETTER]) | "AllDeadLetters" >> beam.Flatten()
     if opts.dead_letter_topic:
         dead | "WriteDeadLetters" >> beam.io.WriteToPubSub(opts.dead_letter_topic, with_attributes=True)
@@ -44,7 +51,7 @@ def start_heartbeat(subscription: str, interval_s: float) -> threading.Event:
     """BundleBasedDirectRunner blocks up to 30 s in a Pub/Sub pull on an idle subscription,
     and no timer fires meanwhile; a tiny keep-alive message every `interval_s` bounds how
     late the packer's flush timer can be. Not needed (nor started) on Dataflow."""
-    from trainer import pubsub_io
+    from trainer.contracts import pubsub_io
 
     sub = pubsub_io.subscriber_client()
     topic = sub.get_subscription(subscription=subscription).topic
@@ -55,7 +62,7 @@ def start_heartbeat(subscription: str, interval_s: float) -> threading.Event:
         while not stop.wait(interval_s):
             try:
                 pubsub_io.publish(publisher, topic, b"", **{HEARTBEAT_ATTRIBUTE: "1"})
-            except Exception as e:  # noqa: BLE001 - a missed beat only delays a flush
+            except Exception as e:
                 logging.warning("heartbeat publish failed: %s", e)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()

@@ -3,6 +3,7 @@
 Held through `apache_beam.utils.shared.Shared`, so every DoFn instance and harness
 thread of a process shares one KV cache, one copy of the parameters and one engine.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -11,39 +12,32 @@ import time
 
 import environments
 from pipelines.engine import InferenceEngine
-from pipelines.episodes import EpisodeLimits
-from pipelines.options import EngineOptions, RolloutOptions, packing_config
+from pipelines.engine_config import EngineConfig
 from pipelines.policy import PolicyHandle
-from trainer.config import model_config
-from trainer.sampling import Sampler
-from trainer.store import PolicyStore
+from trainer.contracts.store import PolicyStore
+from trainer.policy.config import model_config
+from trainer.policy.sampling import Sampler
 
 log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    def __init__(self, options):
-        opts, engine_opts = options.view_as(RolloutOptions), options.view_as(EngineOptions)
+    def __init__(self, cfg: EngineConfig):
         environments.load_entry_points()  # environments from installed plugin packages
-        cfg = model_config(opts.model_config)
-        longest = packing_config(opts).max_seq_len  # an episode must fit the largest bucket
-        self.limits = EpisodeLimits(max_new_tokens_per_turn=opts.max_new_tokens_per_turn, max_tokens=longest)
-        self.sampler = Sampler(cfg, slots=engine_opts.engine_slots, length=longest)
-        self.policy = PolicyHandle(PolicyStore(opts.policy_root), self.sampler.abstract_params,
-                                   opts.policy_poll_s)
-        self.policy.wait_for_first(opts.policy_wait_s)
+        self.cfg, self.limits = cfg, cfg.limits
+        self.sampler = Sampler(model_config(cfg.model_config), slots=cfg.slots, length=cfg.max_tokens)
+        self.policy = PolicyHandle(PolicyStore(cfg.policy_root), self.sampler.abstract_params, cfg.policy_poll_s)
+        self.policy.wait_for_first(cfg.policy_wait_s)
         self.sampler.warmup(self.policy.params)  # compile before the first episode
         self.policy.start_polling()
-        self.engine = InferenceEngine(self.sampler, lambda: self.policy.current, self.limits.max_tokens)
-        self.version_wait_s = opts.policy_wait_s
-        self.advantage_estimator = opts.advantage_estimator
-        log.info("rollout worker ready: %d slots, policy version %d", engine_opts.engine_slots, self.policy.version)
+        self.engine = InferenceEngine(self.sampler, lambda: self.policy.current, cfg.max_tokens)
+        log.info("rollout worker ready: %d slots, policy version %d", cfg.slots, self.policy.version)
 
     async def wait_for_version(self, version: int) -> bool:
         """Waits (without blocking other episodes) until the background poller has loaded
         at least `version`, the request's staleness bound. False after the timeout: the
         request then runs anyway and the learner's staleness filter has the last word."""
-        deadline = time.monotonic() + self.version_wait_s
+        deadline = time.monotonic() + self.cfg.policy_wait_s
         while self.policy.version < version:
             if time.monotonic() > deadline:
                 log.warning("policy version %d not reached (have %d); running anyway", version, self.policy.version)

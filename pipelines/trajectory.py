@@ -1,4 +1,5 @@
 """The Trajectory: one finished episode of one sample, as it flows inside the pipeline."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,5 @@
 """The pipeline's DoFns and composite transforms, one role each."""
+
 from __future__ import annotations
 
 import json
@@ -13,15 +14,16 @@ from apache_beam.transforms.async_dofn import AsyncWrapper
 from apache_beam.utils.shared import Shared
 
 import environments
+from pipelines.engine_config import EngineConfig
 from pipelines.episodes import run_group
-from pipelines.options import EngineOptions
+from pipelines.metrics import NAMESPACE
 from pipelines.rollout_worker import RolloutWorker
-from trainer import records
-from trainer.rollout_request import HEARTBEAT_ATTRIBUTE, RequestError, RolloutRequest
+from trainer.contracts import records
+from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE, RequestError, RolloutRequest
 
 log = logging.getLogger(__name__)
 DEAD_LETTER = "dead_letter"
-NS = "rollout"
+NS = NAMESPACE
 
 
 def _dead_letter(data: bytes, error: str) -> PubsubMessage:
@@ -53,12 +55,12 @@ class EpisodeGroupFn(beam.DoFn):
     loop, all sharing the process's inference engine, so one request waiting on tools
     never holds up the others. A request that cannot run is dead-lettered."""
 
-    def __init__(self, options):
-        self.options = options
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
         self._shared = Shared()
 
     def setup(self):
-        self.worker = self._shared.acquire(lambda: RolloutWorker(self.options))
+        self.worker = self._shared.acquire(lambda: RolloutWorker(self.cfg))
 
     async def process(self, kv):
         req = kv[1]
@@ -68,9 +70,17 @@ class EpisodeGroupFn(beam.DoFn):
             task = environments.Task.from_json_dict(req.task)
             envs = [environments.make(req.env, **req.env_config) for _ in range(req.group_size)]
             await self.worker.wait_for_version(req.min_policy_version)
-            return [await run_group(self.worker.engine, envs, task, req.request_id, self.worker.limits,
-                                    self.worker.advantage_estimator)]
-        except Exception as e:  # noqa: BLE001 - bad request or env failing in reset(): this request only
+            return [
+                await run_group(
+                    self.worker.engine,
+                    envs,
+                    task,
+                    req.request_id,
+                    self.worker.limits,
+                    self.worker.cfg.advantage_estimator,
+                )
+            ]
+        except Exception as e:
             log.warning("request %s dead-lettered: %s: %s", req.request_id, type(e).__name__, e)
             return [beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))]
 
@@ -95,22 +105,27 @@ class CountEpisodesFn(beam.DoFn):
 class RunEpisodes(beam.PTransform):
     """Rollout requests -> trajectory groups (main output) and dead letters."""
 
-    def __init__(self, options):
+    def __init__(self, cfg: EngineConfig):
         super().__init__()
-        self.options = options
+        self.cfg = cfg
 
     def expand(self, requests):
-        eng = self.options.view_as(EngineOptions)
+        eng = self.cfg
         shards = eng.request_shards
-        run = AsyncWrapper(EpisodeGroupFn(self.options), max_items_to_buffer=eng.max_concurrent_groups,
-                           callback_frequency=eng.commit_interval_s, id_fn=lambda r: r.request_id,
-                           use_asyncio=True)
-        out = (requests
-               | "KeyByShard" >> beam.Map(lambda r: (zlib.crc32(r.request_id.encode()) % shards, r))
-               .with_output_types(tuple[int, Any])
-               | "RunGroupsAsync" >> beam.ParDo(run).with_outputs(DEAD_LETTER, main="groups"))
-        return {"groups": out.groups | "CountEpisodes" >> beam.ParDo(CountEpisodesFn()),
-                DEAD_LETTER: out[DEAD_LETTER]}
+        run = AsyncWrapper(
+            EpisodeGroupFn(eng),
+            max_items_to_buffer=eng.max_concurrent_groups,
+            callback_frequency=eng.commit_interval_s,
+            id_fn=lambda r: r.request_id,
+            use_asyncio=True,
+        )
+        out = (
+            requests
+            | "KeyByShard"
+            >> beam.Map(lambda r: (zlib.crc32(r.request_id.encode()) % shards, r)).with_output_types(tuple[int, Any])
+            | "RunGroupsAsync" >> beam.ParDo(run).with_outputs(DEAD_LETTER, main="groups")
+        )
+        return {"groups": out.groups | "CountEpisodes" >> beam.ParDo(CountEpisodesFn()), DEAD_LETTER: out[DEAD_LETTER]}
 
 
 def to_pubsub_message(rec: records.PackedRecord) -> PubsubMessage:
@@ -119,6 +134,11 @@ def to_pubsub_message(rec: records.PackedRecord) -> PubsubMessage:
 
 def drop_notice_message(notice) -> PubsubMessage:
     """An attributes-first message the consumer recognises by `kind`; the ids are JSON."""
-    return PubsubMessage(data=json.dumps({"trajectory_ids": list(notice.trajectory_ids)}).encode(),
-                         attributes={records.KIND_ATTRIBUTE: records.KIND_DROPPED, "reason": notice.reason,
-                                     "trajectories": str(len(notice.trajectory_ids))})
+    return PubsubMessage(
+        data=json.dumps({"trajectory_ids": list(notice.trajectory_ids)}).encode(),
+        attributes={
+            records.KIND_ATTRIBUTE: records.KIND_DROPPED,
+            "reason": notice.reason,
+            "trajectories": str(len(notice.trajectory_ids)),
+        },
+    )

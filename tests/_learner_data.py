@@ -1,7 +1,8 @@
 """Deterministic packed records for learner tests (several segments per row)."""
+
 import numpy as np
 
-from trainer.records import PackedRecord, TrajectoryInfo, empty_record_arrays
+from trainer.contracts.records import PackedRecord, TrajectoryInfo, empty_record_arrays
 
 
 def random_record(seed: int, rows: int = 4, seq_len: int = 64, vocab: int = 256) -> PackedRecord:

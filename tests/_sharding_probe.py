@@ -1,5 +1,6 @@
 """Run in a subprocess with 8 virtual CPU devices: one learner step per mesh layout.
 Prints JSON {layout: {"loss", "grad_norm", "params": [a few flattened values]}}."""
+
 import json
 import os
 import sys
@@ -7,14 +8,14 @@ import sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 sys.path.insert(0, os.path.dirname(__file__))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import numpy as np
+from _learner_data import random_record
+from flax import nnx
 
-from _learner_data import random_record  # noqa: E402
-from trainer.config import ModelConfig  # noqa: E402
-from trainer.learner import Learner, LearnerConfig, _loss_fn, batch_from_records  # noqa: E402
-from trainer.sharding import batch_sharding, make_mesh  # noqa: E402
+from trainer.learning.learner import Learner, LearnerConfig, _loss_fn, batch_from_records
+from trainer.learning.sharding import batch_sharding, make_mesh
+from trainer.policy.config import ModelConfig
 
 assert jax.device_count() == 8, jax.devices()
 cfg = ModelConfig(max_seq_len=64, n_heads=4, n_kv_heads=2)
@@ -26,12 +27,16 @@ for layout in ["single", "8x1", "4x2", "2x4"]:
     batch = batch_from_records(records)
     if mesh is not None:
         batch = jax.device_put(batch, batch_sharding(mesh))
-    grad_fn = jax.jit(jax.grad(lambda p, b: _loss_fn(learner.graphdef, learner.cfg.loss, p, None, b)[0]))
+    grad_fn = jax.jit(jax.grad(lambda p, b, lr=learner: _loss_fn(lr.graphdef, lr.cfg.loss, p, None, b)[0]))
     grads = [np.asarray(x).ravel() for x in jax.tree.leaves(nnx.to_pure_dict(grad_fn(learner.params, batch)))]
     metrics = learner.train_step(records)
     leaves = [np.asarray(x).ravel() for x in jax.tree.leaves(nnx.to_pure_dict(learner.params))]
     shard_counts = sorted({len(x.sharding.device_set) for x in jax.tree.leaves(learner.params)})
-    out[layout] = {"loss": metrics["losses/policy_loss"], "grad_norm": metrics["losses/grad_norm"],
-                   "grads": np.concatenate(grads).tolist(),
-                   "params": np.concatenate(leaves).tolist(), "devices_per_param": shard_counts}
+    out[layout] = {
+        "loss": metrics["losses/policy_loss"],
+        "grad_norm": metrics["losses/grad_norm"],
+        "grads": np.concatenate(grads).tolist(),
+        "params": np.concatenate(leaves).tolist(),
+        "devices_per_param": shard_counts,
+    }
 print(json.dumps(out))

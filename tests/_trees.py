@@ -1,7 +1,10 @@
 """Pytree helpers shared by the policy-store and checkpoint tests."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from trainer.policy.model import abstract_tree
 
 
 def params_for(v: int):
@@ -12,8 +15,7 @@ def params_for(v: int):
     }
 
 
-def abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+abstract = abstract_tree
 
 
 def assert_tree_equal(a, b):

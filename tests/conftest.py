@@ -1,4 +1,5 @@
 """Shared fixtures. The Pub/Sub emulator is started once per session, on first use."""
+
 from __future__ import annotations
 
 import os

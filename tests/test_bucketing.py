@@ -4,22 +4,23 @@ Property tests: the chosen bucket is the smallest that fits; truncation keeps a
 consistent prefix; across a stream of trajectories every kept token is packed exactly
 once and every overlong or empty trajectory is counted, never silently lost.
 """
+
 import collections
 import dataclasses
 
 import numpy as np
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_packing import make_trajectory
 
 from pipelines import bucketing
 from pipelines.options import RolloutOptions, packing_config
 from pipelines.packing import pack
 from pipelines.packing_config import PackingConfig, record_bytes_upper_bound
-from trainer import records as R
-from trainer.config import RecordShape
-
-from test_packing import make_trajectory
+from trainer.contracts import records as R
+from trainer.contracts.record_shape import RecordShape
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 bucket_lists = st.lists(st.integers(1, 96), min_size=1, max_size=4, unique=True).map(lambda b: tuple(sorted(b)))
@@ -54,12 +55,26 @@ def test_truncate_refuses_nonpositive_length():
 
 
 @PROPS
-@given(bucket_lists, st.lists(st.integers(0, 120), max_size=25), st.sampled_from(bucketing.OVERLONG_POLICIES),
-       st.integers(1, 3), st.integers(0, 2**32 - 1))
+@given(
+    bucket_lists,
+    st.lists(st.integers(0, 120), max_size=25),
+    st.sampled_from(bucketing.OVERLONG_POLICIES),
+    st.integers(1, 3),
+    st.integers(0, 2**32 - 1),
+)
 def test_every_kept_token_is_packed_once_and_every_loss_is_counted(seq_lens, lengths, overlong, rows, seed):
-    trajs = [make_trajectory(i, n, seed + i) if n else dataclasses.replace(
-        make_trajectory(i, 1, seed), tokens=np.zeros(0, np.int32), loss_mask=np.zeros(0, np.uint8),
-        behaviour_logprobs=np.zeros(0, np.float32), policy_versions=np.zeros(0, np.int32)) for i, n in enumerate(lengths)]
+    trajs = [
+        make_trajectory(i, n, seed + i)
+        if n
+        else dataclasses.replace(
+            make_trajectory(i, 1, seed),
+            tokens=np.zeros(0, np.int32),
+            loss_mask=np.zeros(0, np.uint8),
+            behaviour_logprobs=np.zeros(0, np.float32),
+            policy_versions=np.zeros(0, np.int32),
+        )
+        for i, n in enumerate(lengths)
+    ]
     outcomes = collections.Counter()
     per_bucket = collections.defaultdict(list)
     expected = collections.Counter()
@@ -72,9 +87,10 @@ def test_every_kept_token_is_packed_once_and_every_loss_is_counted(seq_lens, len
             continue
         kept = fit.trajectory
         assert len(kept) <= seq_lens[fit.bucket]
-        assert fit.bucket == (bucketing.choose_bucket(len(t), seq_lens) if fit.outcome == bucketing.FITS
-                              else len(seq_lens) - 1)
-        assert kept.tokens.tolist() == t.tokens[:len(kept)].tolist()
+        assert fit.bucket == (
+            bucketing.choose_bucket(len(t), seq_lens) if fit.outcome == bucketing.FITS else len(seq_lens) - 1
+        )
+        assert kept.tokens.tolist() == t.tokens[: len(kept)].tolist()
         per_bucket[fit.bucket].append(kept)
         expected.update((kept.trajectory_id, p, int(x)) for p, x in enumerate(kept.tokens))
     overlong_n = sum(1 for n in lengths if n > seq_lens[-1])
@@ -87,18 +103,25 @@ def test_every_kept_token_is_packed_once_and_every_loss_is_counted(seq_lens, len
             assert rec.shape == (rows, seq_lens[b])
             for info in rec.trajectories:
                 cols = np.nonzero(rec.segment_ids[info.row] == info.segment)[0]
-                got.update((info.trajectory_id, int(p), int(x))
-                           for p, x in zip(rec.positions[info.row, cols], rec.tokens[info.row, cols]))
+                got.update(
+                    (info.trajectory_id, int(p), int(x))
+                    for p, x in zip(rec.positions[info.row, cols], rec.tokens[info.row, cols])
+                )
     assert got == expected
 
 
 def test_fit_to_buckets_boundaries():
-    t = lambda n: make_trajectory(0, n, 1)  # noqa: E731
+    t = lambda n: make_trajectory(0, n, 1)
     assert bucketing.fit_to_buckets(t(32), (32, 64), "drop").bucket == 0
     assert bucketing.fit_to_buckets(t(33), (32, 64), "drop").bucket == 1
     assert bucketing.fit_to_buckets(t(65), (32, 64), "drop").outcome == bucketing.DROPPED_OVERLONG
     fit = bucketing.fit_to_buckets(t(65), (32, 64), "truncate")
-    assert (fit.outcome, fit.bucket, len(fit.trajectory), fit.trajectory.status) == (bucketing.TRUNCATED, 1, 64, "truncated")
+    assert (fit.outcome, fit.bucket, len(fit.trajectory), fit.trajectory.status) == (
+        bucketing.TRUNCATED,
+        1,
+        64,
+        "truncated",
+    )
     with pytest.raises(ValueError):
         bucketing.fit_to_buckets(t(5), (32,), "wrap")
 
@@ -113,14 +136,32 @@ def test_content_hash_sees_tokens_and_mask_not_ids():
 
 
 # ----------------------------------------------------------------------------- PackingConfig
-@pytest.mark.parametrize("bad", [
-    dict(buckets=()), dict(buckets=(256, 128)), dict(buckets=(128, 128)), dict(buckets=(0,)),
-    dict(buckets=(128.0,)), dict(buckets=(True,)), dict(rows=0), dict(max_segments_per_row=0),
-    dict(num_shards=0), dict(max_wait_s=0), dict(max_wait_s=-1), dict(max_wait_s=float("inf")),
-    dict(max_wait_s=float("nan")), dict(window_s=1.0, max_wait_s=2.0), dict(dedup_window_s=0),
-    dict(allowed_lateness_s=-1), dict(overlong="wrap"), dict(content_dedup="yes"),
-    dict(filter_zero_signal=1), dict(buckets=(40_000,)), dict(rows=64, buckets=(4096,)),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(buckets=()),
+        dict(buckets=(256, 128)),
+        dict(buckets=(128, 128)),
+        dict(buckets=(0,)),
+        dict(buckets=(128.0,)),
+        dict(buckets=(True,)),
+        dict(rows=0),
+        dict(max_segments_per_row=0),
+        dict(num_shards=0),
+        dict(max_wait_s=0),
+        dict(max_wait_s=-1),
+        dict(max_wait_s=float("inf")),
+        dict(max_wait_s=float("nan")),
+        dict(window_s=1.0, max_wait_s=2.0),
+        dict(dedup_window_s=0),
+        dict(allowed_lateness_s=-1),
+        dict(overlong="wrap"),
+        dict(content_dedup="yes"),
+        dict(filter_zero_signal=1),
+        dict(buckets=(40_000,)),
+        dict(rows=64, buckets=(4096,)),
+    ],
+)
 def test_packing_config_refuses_nonsense(bad):
     with pytest.raises(ValueError):
         PackingConfig(**bad)
@@ -131,15 +172,20 @@ def test_packing_config_shapes_fit_a_message():
     assert cfg.shapes == tuple(RecordShape(4, s, 3) for s in (128, 256, 1024)) and cfg.max_seq_len == 1024
     # The bound is an upper bound: a record full of long-id trajectories encodes below it.
     shape = cfg.shapes[0]
-    trajs = [dataclasses.replace(make_trajectory(i, shape.seq_len // 3, i), trajectory_id=f"{'r' * 200}/{i}")
-             for i in range(shape.max_trajectories)]
+    trajs = [
+        dataclasses.replace(make_trajectory(i, shape.seq_len // 3, i), trajectory_id=f"{'r' * 200}/{i}")
+        for i in range(shape.max_trajectories)
+    ]
     (rec,) = pack(trajs, shape)
     assert len(R.encode(rec)) <= record_bytes_upper_bound(shape)
 
 
 # ----------------------------------------------------------------------------- flags
-BASE = ["--requests_subscription=projects/p/subscriptions/s", "--records_topic=projects/p/topics/t",
-        "--policy_root=/tmp/store"]
+BASE = [
+    "--requests_subscription=projects/p/subscriptions/s",
+    "--records_topic=projects/p/topics/t",
+    "--policy_root=/tmp/store",
+]
 
 
 def config_from(*flags) -> PackingConfig:
@@ -148,14 +194,31 @@ def config_from(*flags) -> PackingConfig:
 
 def test_flags_default_to_one_bucket_of_seq_len():
     assert config_from("--seq_len=128", "--rows=2", "--max_segments_per_row=3", "--max_wait_s=1.5") == PackingConfig(
-        buckets=(128,), rows=2, max_segments_per_row=3, max_wait_s=1.5)
+        buckets=(128,), rows=2, max_segments_per_row=3, max_wait_s=1.5
+    )
 
 
 def test_flags_for_every_setting():
-    cfg = config_from("--buckets=128,256", "--window_s=30", "--num_shards=4", "--content_dedup",
-                      "--filter_zero_signal", "--overlong=drop", "--dedup_window_s=60", "--allowed_lateness_s=0")
-    assert cfg == PackingConfig(buckets=(128, 256), window_s=30.0, num_shards=4, content_dedup=True,
-                                filter_zero_signal=True, overlong="drop", dedup_window_s=60.0, allowed_lateness_s=0.0)
+    cfg = config_from(
+        "--buckets=128,256",
+        "--window_s=30",
+        "--num_shards=4",
+        "--content_dedup",
+        "--filter_zero_signal",
+        "--overlong=drop",
+        "--dedup_window_s=60",
+        "--allowed_lateness_s=0",
+    )
+    assert cfg == PackingConfig(
+        buckets=(128, 256),
+        window_s=30.0,
+        num_shards=4,
+        content_dedup=True,
+        filter_zero_signal=True,
+        overlong="drop",
+        dedup_window_s=60.0,
+        allowed_lateness_s=0.0,
+    )
 
 
 @pytest.mark.parametrize("flag", ["--buckets=256,128", "--buckets=128,x", "--buckets=128,,256", "--window_s=1"])

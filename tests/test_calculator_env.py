@@ -1,4 +1,5 @@
 """CalculatorEnv end to end with real policies, the safe evaluator, latency, tasks, registry."""
+
 import asyncio
 import json
 import random
@@ -9,8 +10,16 @@ import time
 import pytest
 
 import environments as E
-from environments import (CalculatorConfig, CalculatorEnv, EpisodeStatus, LatencyModel,
-                          StepResult, Task, generate_tasks, make)
+from environments import (
+    CalculatorConfig,
+    CalculatorEnv,
+    EpisodeStatus,
+    LatencyModel,
+    StepResult,
+    Task,
+    generate_tasks,
+    make,
+)
 
 
 def oracle_policy(task: Task, history: list[str]) -> str:
@@ -69,8 +78,16 @@ def test_garbage_policy_scores_near_zero():
 def test_wrong_or_non_integer_answer_gets_zero():
     task = Task("t", "Compute 2+2. ", "4")
     env = CalculatorEnv()
-    for answer, expected in [("4", 1.0), (" +4\n", 1.0), ("004", 1.0), ("5", 0.0),
-                             ("4.0", 0.0), ("four", 0.0), ("４", 0.0), ("", 0.0)]:
+    for answer, expected in [
+        ("4", 1.0),
+        (" +4\n", 1.0),
+        ("004", 1.0),
+        ("5", 0.0),
+        ("4.0", 0.0),
+        ("four", 0.0),
+        ("４", 0.0),
+        ("", 0.0),
+    ]:
         asyncio.run(env.reset(task))
         result = asyncio.run(env.step(f"<answer>{answer}</answer>"))
         assert (result.reward, result.done) == (expected, True), answer
@@ -80,14 +97,24 @@ def _steps(env, task, actions):
     async def go():
         await env.reset(task)
         return [await env.step(a) for a in actions]
+
     return asyncio.run(go())
 
 
 def test_malformed_and_unknown_tools_are_counted_errors():
     env = CalculatorEnv(CalculatorConfig(max_turns=10))
-    results = _steps(env, Task("t", "Compute 1+1. ", "2"),
-                     ["hello", "<call calc>1+1", "<call search>x</call>", "<call>1</call>",
-                      "<call python>1</call>", "<answer>2</answer>"])
+    results = _steps(
+        env,
+        Task("t", "Compute 1+1. ", "2"),
+        [
+            "hello",
+            "<call calc>1+1",
+            "<call search>x</call>",
+            "<call>1</call>",
+            "<call python>1</call>",
+            "<answer>2</answer>",
+        ],
+    )
     for r in results[:5]:
         assert r.observation.startswith("<error>") and r.observation.endswith("</error>")
         assert r.reward == 0.0 and not r.done
@@ -98,23 +125,50 @@ def test_malformed_and_unknown_tools_are_counted_errors():
     assert last.info["tool_calls"] == 0
 
 
-@pytest.mark.parametrize("expr, result", [
-    ("12*(3+4)", "<result>84</result>"), (" -3 - -4 ", "<result>1</result>"),
-    ("17//5", "<result>3</result>"), ("17%5", "<result>2</result>"),
-    ("1//0", "<error>division by zero</error>"), ("5%(2-2)", "<error>division by zero</error>"),
-])
+@pytest.mark.parametrize(
+    "expr, result",
+    [
+        ("12*(3+4)", "<result>84</result>"),
+        (" -3 - -4 ", "<result>1</result>"),
+        ("17//5", "<result>3</result>"),
+        ("17%5", "<result>2</result>"),
+        ("1//0", "<error>division by zero</error>"),
+        ("5%(2-2)", "<error>division by zero</error>"),
+    ],
+)
 def test_calc_tool(expr, result):
     env = CalculatorEnv(CalculatorConfig(max_ops_per_call=3))
     [r] = _steps(env, Task("t", "p", "0"), [f"<call calc>{expr}</call>"])
     assert r.observation == result
 
 
-@pytest.mark.parametrize("expr", [
-    "__import__('os')", "__import__('os').system('true')", "2**999999", "9" * 60,
-    "99999999*99999999*99999999", "1" * 10_000, "x", "os.name", "(1).real", "[1][0]",
-    "'a'*3", "1.5+1", "True+1", "7/2", "lambda: 1", "(" * 40 + "1" + ")" * 40, "-" * 70 + "1",
-    "1 if 1 else 2", "f'{1}'", "", "1;2", "a:=1",
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os')",
+        "__import__('os').system('true')",
+        "2**999999",
+        "9" * 60,
+        "99999999*99999999*99999999",
+        "1" * 10_000,
+        "x",
+        "os.name",
+        "(1).real",
+        "[1][0]",
+        "'a'*3",
+        "1.5+1",
+        "True+1",
+        "7/2",
+        "lambda: 1",
+        "(" * 40 + "1" + ")" * 40,
+        "-" * 70 + "1",
+        "1 if 1 else 2",
+        "f'{1}'",
+        "",
+        "1;2",
+        "a:=1",
+    ],
+)
 def test_hostile_expressions_are_refused(expr):
     env = CalculatorEnv()
     [r] = _steps(env, Task("t", "p", "0"), [f"<call calc>{expr}</call>"])
@@ -184,10 +238,16 @@ def test_task_json_round_trip_and_validation():
     for t in generate_tasks(3, 5, "test"):
         assert Task.from_json_dict(json.loads(json.dumps(t.to_json_dict()))) == t
     assert Task.from_json_dict({"task_id": "a", "prompt": "p", "target": "1"}).meta == {}
-    bad = [None, [], {"prompt": "p", "target": "1"}, {"task_id": 1, "prompt": "p", "target": "1"},
-           {"task_id": "a", "prompt": "p", "target": 1}, {"task_id": "", "prompt": "p", "target": "1"},
-           {"task_id": "a", "prompt": "p", "target": "1", "meta": []},
-           {"task_id": "a", "prompt": "p", "target": "1", "extra": 1}]
+    bad = [
+        None,
+        [],
+        {"prompt": "p", "target": "1"},
+        {"task_id": 1, "prompt": "p", "target": "1"},
+        {"task_id": "a", "prompt": "p", "target": 1},
+        {"task_id": "", "prompt": "p", "target": "1"},
+        {"task_id": "a", "prompt": "p", "target": "1", "meta": []},
+        {"task_id": "a", "prompt": "p", "target": "1", "extra": 1},
+    ]
     for d in bad:
         with pytest.raises(ValueError):
             Task.from_json_dict(d)
@@ -197,8 +257,13 @@ def test_task_json_round_trip_and_validation():
 
 def test_config_validation():
     assert CalculatorConfig(tool_latency="fixed:0.5").tool_latency.seconds == 0.5
-    for kwargs in [{"max_turns": 0}, {"max_turns": 1.5}, {"max_expression_chars": 0},
-                   {"tool_latency": 0.5}, {"tool_latency": "fixed:-1"}]:
+    for kwargs in [
+        {"max_turns": 0},
+        {"max_turns": 1.5},
+        {"max_expression_chars": 0},
+        {"tool_latency": 0.5},
+        {"tool_latency": "fixed:-1"},
+    ]:
         with pytest.raises(ValueError):
             CalculatorConfig(**kwargs)
 

@@ -1,4 +1,5 @@
 """Learner checkpoints with real Orbax, on a local dir and on gs:// (the GCS emulator)."""
+
 import os
 import uuid
 
@@ -9,7 +10,7 @@ import pytest
 from _trees import abstract, assert_tree_equal
 
 from localstack import gcs_emulator
-from trainer.checkpoint import CheckpointError, LearnerCheckpointer
+from trainer.learning.checkpoint import CheckpointError, LearnerCheckpointer
 
 CONSUMED = {"rec-0001", "récord-é", "記録-2", "emoji-🎲", 'quote-"x"'}
 
@@ -31,8 +32,10 @@ def ckpt_dir(request, tmp_path):
 
 def train_state(seed: int, steps: int = 2):
     """Params and a real optax adam state after a few updates (non-zero moments, count)."""
-    params = {"dense": {"kernel": jnp.full((4, 3), float(seed)), "bias": jnp.zeros((3,))},
-              "embed": jnp.arange(10, dtype=jnp.float32).reshape(5, 2) * seed}
+    params = {
+        "dense": {"kernel": jnp.full((4, 3), float(seed)), "bias": jnp.zeros((3,))},
+        "embed": jnp.arange(10, dtype=jnp.float32).reshape(5, 2) * seed,
+    }
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2))
     opt_state = tx.init(params)
     for i in range(steps):
@@ -149,7 +152,7 @@ def test_refuses_bad_input(tmp_path):
         ckpt.save(1, state, meta_for(1), wait=True)
         wrong = abstract(state)  # the model gained a layer since the checkpoint was written
         wrong["params"]["extra"] = jax.ShapeDtypeStruct((6, 2), jnp.float32)
-        with pytest.raises(CheckpointError, match="step 1.*extra"):
+        with pytest.raises(CheckpointError, match=r"step 1.*extra"):
             ckpt.restore_latest(wrong)
     with pytest.raises(ValueError, match="max_to_keep"):
         LearnerCheckpointer(str(tmp_path / "other"), max_to_keep=0)

@@ -1,4 +1,5 @@
 """CodeEnv end to end through the real sandbox: oracle, garbage, partial and hostile code."""
+
 import asyncio
 import json
 import random
@@ -8,16 +9,22 @@ import pytest
 
 from environments import sandbox as S
 from environments.base import EpisodeStatus, Task
-from environments.code import (CodeConfig, CodeEnv, generate_tasks, oracle_action,
-                               score_harness_output)
+from environments.code import CodeConfig, CodeEnv, generate_tasks, oracle_action, score_harness_output
 from environments.sandbox import SandboxLimits
 
 pytestmark = pytest.mark.skipif(S.BWRAP_PATH is None, reason="bubblewrap is not installed")
 QUICK = CodeConfig(sandbox=SandboxLimits(cpu_seconds=1, wall_seconds=2))
 # f(x) = x+1 on five fixed inputs: 3 positive, 2 negative.
-ADD1 = Task("add1", "Write f(x): return x+1. ", "def f(x): return x+1",
-            meta={"func": "f", "reference": "def f(x): return x+1",
-                  "tests": [{"args": [a], "expected": a + 1} for a in (1, 2, 3, -1, -2)]})
+ADD1 = Task(
+    "add1",
+    "Write f(x): return x+1. ",
+    "def f(x): return x+1",
+    meta={
+        "func": "f",
+        "reference": "def f(x): return x+1",
+        "tests": [{"args": [a], "expected": a + 1} for a in (1, 2, 3, -1, -2)],
+    },
+)
 
 
 async def episode(env, task, policy):
@@ -32,8 +39,7 @@ async def episode(env, task, policy):
 
 
 def submit(code: str, config: CodeConfig = QUICK, task: Task = ADD1):
-    total, last, _ = asyncio.run(episode(CodeEnv(config), task,
-                                         lambda t, obs: f"<answer>{code}</answer>"))
+    total, last, _ = asyncio.run(episode(CodeEnv(config), task, lambda t, obs: f"<answer>{code}</answer>"))
     assert last.done and last.info["status"] == EpisodeStatus.FINISHED
     return total, last.info
 
@@ -65,16 +71,19 @@ def test_garbage_policy_scores_zero():
     assert all(last.info["malformed_calls"] == 4 for _, last, _ in results)
 
 
-@pytest.mark.parametrize("code, reward", [
-    ("def f(x): return x+1", 1.0),
-    ("def f(x): return x+1 if x > 0 else x", 0.6),
-    ("def f(x):\n    if x < 0:\n        raise ValueError(x)\n    return x+1", 0.6),
-    ("def f(x): return [x+1][0] if x > 2 else str(x+1)", 0.2),  # '2' is not 2
-    ("def f(x): return True if x == -2 else x+1", 0.8),       # True is not -1
-    ("def f(x): return float(x+1)", 0.0),                        # 2.0 is not 2
-    ("def g(x): return x+1", 0.0),
-    ("def f(x): return x+1\nprint('noise')\nimport os; os.write(1, b'more noise')", 1.0),
-])
+@pytest.mark.parametrize(
+    "code, reward",
+    [
+        ("def f(x): return x+1", 1.0),
+        ("def f(x): return x+1 if x > 0 else x", 0.6),
+        ("def f(x):\n    if x < 0:\n        raise ValueError(x)\n    return x+1", 0.6),
+        ("def f(x): return [x+1][0] if x > 2 else str(x+1)", 0.2),  # '2' is not 2
+        ("def f(x): return True if x == -2 else x+1", 0.8),  # True is not -1
+        ("def f(x): return float(x+1)", 0.0),  # 2.0 is not 2
+        ("def g(x): return x+1", 0.0),
+        ("def f(x): return x+1\nprint('noise')\nimport os; os.write(1, b'more noise')", 1.0),
+    ],
+)
 def test_reward_is_the_fraction_of_hidden_tests_passed(code, reward):
     total, info = submit(code)
     assert total == pytest.approx(reward) and info["tests_passed"] == round(5 * reward)
@@ -89,29 +98,33 @@ for i in range(5):  # claim an output for every test, then stop the harness
 os.write(__main__.out, (__main__.nonce + json.dumps({"done": 5}) + "\\n").encode())
 os._exit(0)
 """
-FORGE_DUP = ("import __main__, os\nos.write(__main__.out, (__main__.nonce + '{\"i\": 0, "
-             "\"out\": 2}\\n').encode())\ndef f(x): return x+1")
+FORGE_DUP = (
+    'import __main__, os\nos.write(__main__.out, (__main__.nonce + \'{"i": 0, '
+    '"out": 2}\\n\').encode())\ndef f(x): return x+1'
+)
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("code, status, problem", [
-    ("while True:\n    pass", "timeout", None),
-    ("def f(x):\n    while True:\n        pass", "timeout", None),
-    ("import time\ntime.sleep(100)", "timeout", None),
-    ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-     "timeout", None),
-    ("x = bytearray(10**10)", "ok", "load error MemoryError"),
-    ("import ctypes\nctypes.string_at(0)", "killed", None),
-    ("while True:\n    print('x' * 10000)", "output_limit", None),
-    ('print(\'{"i": 0, "out": 2}\')\nprint("ALL TESTS PASSED")\ndef f(x): return -100', "ok", ""),
-    (FORGE_ALL, "ok", ""),
-    (FORGE_DUP, "ok", "forged or duplicate result"),
-    ("import sys\nsys.exit(0)\ndef f(x): return x+1", "ok", "load error SystemExit"),
-    ("import os\nos._exit(0)", "ok", "harness did not finish"),
-    ("raise RuntimeError('boom')", "ok", "load error RuntimeError"),
-    ("def f(x):\n    import sys\n    sys.exit(0)", "ok", ""),
-    ("class A:\n    def __eq__(self, o): return True\ndef f(x): return A()", "ok", ""),
-])
+@pytest.mark.parametrize(
+    "code, status, problem",
+    [
+        ("while True:\n    pass", "timeout", None),
+        ("def f(x):\n    while True:\n        pass", "timeout", None),
+        ("import time\ntime.sleep(100)", "timeout", None),
+        ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", "timeout", None),
+        ("x = bytearray(10**10)", "ok", "load error MemoryError"),
+        ("import ctypes\nctypes.string_at(0)", "killed", None),
+        ("while True:\n    print('x' * 10000)", "output_limit", None),
+        ('print(\'{"i": 0, "out": 2}\')\nprint("ALL TESTS PASSED")\ndef f(x): return -100', "ok", ""),
+        (FORGE_ALL, "ok", ""),
+        (FORGE_DUP, "ok", "forged or duplicate result"),
+        ("import sys\nsys.exit(0)\ndef f(x): return x+1", "ok", "load error SystemExit"),
+        ("import os\nos._exit(0)", "ok", "harness did not finish"),
+        ("raise RuntimeError('boom')", "ok", "load error RuntimeError"),
+        ("def f(x):\n    import sys\n    sys.exit(0)", "ok", ""),
+        ("class A:\n    def __eq__(self, o): return True\ndef f(x): return A()", "ok", ""),
+    ],
+)
 def test_hostile_submissions_get_no_credit_and_a_status(code, status, problem):
     total, info = submit(code)
     assert total == 0.0 and info["tests_passed"] == 0
@@ -121,25 +134,28 @@ def test_hostile_submissions_get_no_credit_and_a_status(code, status, problem):
 
 
 def test_run_shows_output_errors_and_sandbox_status():
-    actions = ["<call run>print(2+3)</call>", "<call run>print(1)\n1/0</call>",
-               "<call run>while True: pass</call>", "<answer>def f(x): return x+1</answer>"]
-    total, last, obs = asyncio.run(episode(CodeEnv(QUICK), ADD1,
-                                           lambda t, o: actions[len(o)]))
-    assert obs[:3] == ["<result>5</result>",
-                       "<result>1\nZeroDivisionError: division by zero</result>",
-                       "<error>timeout</error>"]
+    actions = [
+        "<call run>print(2+3)</call>",
+        "<call run>print(1)\n1/0</call>",
+        "<call run>while True: pass</call>",
+        "<answer>def f(x): return x+1</answer>",
+    ]
+    total, last, obs = asyncio.run(episode(CodeEnv(QUICK), ADD1, lambda t, o: actions[len(o)]))
+    assert obs[:3] == [
+        "<result>5</result>",
+        "<result>1\nZeroDivisionError: division by zero</result>",
+        "<error>timeout</error>",
+    ]
     assert total == 1.0 and last.info["tool_calls"] == 3 and last.info["tool_errors"] == 1
     assert last.info["sandbox_s"] > 0
 
 
 def test_malformed_unknown_and_oversized_calls_are_counted_then_truncated():
     cfg = CodeConfig(max_turns=4, max_code_chars=50)
-    actions = ["hello", "<call python>1</call>", "<call run>" + "#" * 51 + "</call>",
-               "<call run>1"]
+    actions = ["hello", "<call python>1</call>", "<call run>" + "#" * 51 + "</call>", "<call run>1"]
     total, last, obs = asyncio.run(episode(CodeEnv(cfg), ADD1, lambda t, o: actions[len(o)]))
     assert total == 0.0 and last.info["status"] == EpisodeStatus.TRUNCATED
-    assert (last.info["malformed_calls"], last.info["unknown_tool_calls"],
-            last.info["tool_errors"]) == (2, 1, 1)
+    assert (last.info["malformed_calls"], last.info["unknown_tool_calls"], last.info["tool_errors"]) == (2, 1, 1)
     assert all(o.startswith("<error>") for o in obs)
     total, info = submit("#" * 51, cfg)
     assert total == 0.0 and info["sandbox_status"] == "rejected"
@@ -158,8 +174,9 @@ def test_scoring_trusts_only_tagged_lines_and_the_host_expectations():
 def test_tasks_are_deterministic_disjoint_and_serialisable():
     train = generate_tasks(seed=0, n=1000, split="train")
     test = generate_tasks(seed=0, n=50, split="test")
-    assert [t.to_json_dict() for t in train] == [t.to_json_dict() for t in
-                                                 generate_tasks(seed=0, n=1000, split="train")]
+    assert [t.to_json_dict() for t in train] == [
+        t.to_json_dict() for t in generate_tasks(seed=0, n=1000, split="train")
+    ]
     assert generate_tasks(seed=1, n=50, split="test") != test
     assert len({t.task_id for t in train}) == 1000 and len({t.task_id for t in test}) == 50
     assert not {t.prompt for t in train} & {t.prompt for t in generate_tasks(7, 200, "test")}
@@ -172,8 +189,13 @@ def test_tasks_are_deterministic_disjoint_and_serialisable():
 def test_config_validates_and_accepts_specs():
     cfg = CodeConfig(tool_latency="fixed:0.01", sandbox={"wall_seconds": 1})
     assert cfg.tool_latency.seconds == 0.01 and cfg.sandbox.wall_seconds == 1
-    for bad in [dict(max_turns=0), dict(max_code_chars=True), dict(sandbox=3),
-                dict(tool_latency=1.0), dict(sandbox={"cpu_seconds": 0}),
-                dict(max_code_chars=10**6)]:
+    for bad in [
+        dict(max_turns=0),
+        dict(max_code_chars=True),
+        dict(sandbox=3),
+        dict(tool_latency=1.0),
+        dict(sandbox={"cpu_seconds": 0}),
+        dict(max_code_chars=10**6),
+    ]:
         with pytest.raises(ValueError):
             CodeConfig(**bad)

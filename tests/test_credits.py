@@ -1,5 +1,6 @@
 """Trajectory credits: the window the feeder may have in flight, blocking acquire, and a
 pure-Python simulation that the credit rule cannot deadlock the producer/consumer loop."""
+
 import collections
 import itertools
 import threading
@@ -7,8 +8,8 @@ import time
 
 import pytest
 
-from trainer.config import RecordShape
-from trainer.feeder import CreditConfig, TrajectoryCredits
+from trainer.contracts.record_shape import RecordShape
+from trainer.learning.feeder import CreditConfig, TrajectoryCredits
 
 
 # ----------------------------------------------------------------------------- CreditConfig
@@ -18,12 +19,22 @@ def test_window_arithmetic():
     assert CreditConfig(max_batches_ahead=2, batch_records=3, shape=shape, group_size=8).window == 3 * 3 * 8 + 8
     one = RecordShape(rows=1, seq_len=16, max_segments_per_row=1)
     assert CreditConfig(max_batches_ahead=0, batch_records=1, shape=one, group_size=1).window == 2
-    assert CreditConfig(max_batches_ahead=5, batch_records=2, shape=RecordShape(3, 64, 3),
-                        group_size=16).window == 6 * 2 * 9 + 16
+    assert (
+        CreditConfig(max_batches_ahead=5, batch_records=2, shape=RecordShape(3, 64, 3), group_size=16).window
+        == 6 * 2 * 9 + 16
+    )
 
 
-@pytest.mark.parametrize("kw", [dict(max_batches_ahead=-1), dict(batch_records=0), dict(batch_records=-2),
-                                dict(group_size=0), dict(group_size=-4)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(max_batches_ahead=-1),
+        dict(batch_records=0),
+        dict(batch_records=-2),
+        dict(group_size=0),
+        dict(group_size=-4),
+    ],
+)
 def test_credit_config_refuses_settings_that_cannot_work(kw):
     args = dict(max_batches_ahead=1, batch_records=2, shape=RecordShape(2, 32, 2), group_size=4)
     args.update(kw)
@@ -194,18 +205,24 @@ class Simulation:
             if not progressed:
                 raise AssertionError(
                     f"stall after {self.steps} steps: outstanding {self.credits.outstanding}/"
-                    f"{self.credits.window}, {len(self.records)} records queued, {self.buffer} buffered")
+                    f"{self.credits.window}, {len(self.records)} records queued, {self.buffer} buffered"
+                )
         raise AssertionError("simulation did not finish")
 
 
 COMBOS = list(itertools.product([0, 1, 3], [1, 2, 4], [1, 2, 4], [1, 2, 3], [1, 3, 4, 8, 16]))
 
 
-@pytest.mark.parametrize("ahead,batch,rows,segs,group", COMBOS[::20] + [(0, 1, 1, 1, 1), (0, 1, 4, 3, 16),
-                                                                      (3, 4, 4, 3, 5), (0, 4, 1, 1, 7)])
+@pytest.mark.parametrize(
+    "ahead,batch,rows,segs,group", COMBOS[::20] + [(0, 1, 1, 1, 1), (0, 1, 4, 3, 16), (3, 4, 4, 3, 5), (0, 4, 1, 1, 7)]
+)
 def test_credit_window_never_deadlocks(ahead, batch, rows, segs, group):
-    cfg = CreditConfig(max_batches_ahead=ahead, batch_records=batch,
-                       shape=RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs), group_size=group)
+    cfg = CreditConfig(
+        max_batches_ahead=ahead,
+        batch_records=batch,
+        shape=RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs),
+        group_size=group,
+    )
     sim = Simulation(cfg)
     sim.run(50)
     assert sim.steps == 50
@@ -217,16 +234,23 @@ def test_credit_window_never_deadlocks(ahead, batch, rows, segs, group):
 
 def test_all_combinations_never_deadlock():
     for ahead, batch, rows, segs, group in COMBOS:
-        cfg = CreditConfig(max_batches_ahead=ahead, batch_records=batch,
-                           shape=RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs), group_size=group)
+        cfg = CreditConfig(
+            max_batches_ahead=ahead,
+            batch_records=batch,
+            shape=RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs),
+            group_size=group,
+        )
         Simulation(cfg).run(50)
 
 
 def test_simulation_detects_a_window_that_is_too_small():
     """The same simulation stalls when the window cannot fill one batch: it can fail."""
-    cfg = CreditConfig(max_batches_ahead=0, batch_records=2, shape=RecordShape(rows=2, seq_len=64,
-                                                                                max_segments_per_row=2),
-                       group_size=1)
+    cfg = CreditConfig(
+        max_batches_ahead=0,
+        batch_records=2,
+        shape=RecordShape(rows=2, seq_len=64, max_segments_per_row=2),
+        group_size=1,
+    )
     with pytest.raises(AssertionError, match="stall"):
         Simulation(cfg, window=2 * 4 - 1).run(50)
 
@@ -253,9 +277,19 @@ def test_simulation_with_the_real_packer_never_deadlocks():
                     n = int(rng.choice([1, 2, 3, int(rng.integers(1, 33))]))  # mostly tiny: many per row
                     m = np.ones(n, np.uint8)
                     m[0] = 0
-                    buffer.append(Trajectory(f"t{made}", "r", "task", np.zeros(n, np.int32), m,
-                                             np.where(m == 1, -1.0, 0).astype(np.float32),
-                                             np.where(m == 1, 0, -1).astype(np.int32), 0.0, "finished"))
+                    buffer.append(
+                        Trajectory(
+                            f"t{made}",
+                            "r",
+                            "task",
+                            np.zeros(n, np.int32),
+                            m,
+                            np.where(m == 1, -1.0, 0).astype(np.float32),
+                            np.where(m == 1, 0, -1).astype(np.int32),
+                            0.0,
+                            "finished",
+                        )
+                    )
                     made += 1
                     ready, buffer = take_full_records(buffer, shape)
                     queue.extend(ready)

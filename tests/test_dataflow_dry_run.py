@@ -8,6 +8,7 @@ before creating an API client: nothing is uploaded to GCS, no credentials are re
 network is used. The Job's `environment` (sdkPipelineOptions, temp storage) is normally
 filled in while staging; we build that part with apiclient.Environment, also offline.
 """
+
 import shutil
 import tarfile
 import tempfile
@@ -27,10 +28,20 @@ REPO = Path(__file__).resolve().parents[1]
 PROJECT = "rl-project-123"  # Beam wants an id of the real form
 REQUESTS = f"projects/{PROJECT}/subscriptions/rollout-requests"
 RECORDS = f"projects/{PROJECT}/topics/packed-trajectories"
-ARGV = ["--runner=DataflowRunner", "--dry_run=True", f"--project={PROJECT}", "--region=us-central1",
-        "--temp_location=gs://rl-bucket/tmp", "--streaming", f"--setup_file={REPO / 'setup.py'}",
-        f"--requests_subscription={REQUESTS}", f"--records_topic={RECORDS}", "--policy_root=gs://rl-bucket/store",
-        "--buckets=128,256", "--window_s=30"]
+ARGV = [
+    "--runner=DataflowRunner",
+    "--dry_run=True",
+    f"--project={PROJECT}",
+    "--region=us-central1",
+    "--temp_location=gs://rl-bucket/tmp",
+    "--streaming",
+    f"--setup_file={REPO / 'setup.py'}",
+    f"--requests_subscription={REQUESTS}",
+    f"--records_topic={RECORDS}",
+    "--policy_root=gs://rl-bucket/store",
+    "--buckets=128,256",
+    "--window_s=30",
+]
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +82,14 @@ def test_it_is_a_streaming_job(job):
 
 
 def test_reads_requests_and_writes_records_on_pubsub(job):
-    reads = [rapi.PubSubReadPayload.FromString(t.spec.payload)
-             for t in transforms_with(job, common_urns.composites.PUBSUB_READ.urn)]
-    writes = [rapi.PubSubWritePayload.FromString(t.spec.payload)
-              for t in transforms_with(job, common_urns.composites.PUBSUB_WRITE.urn)]
+    reads = [
+        rapi.PubSubReadPayload.FromString(t.spec.payload)
+        for t in transforms_with(job, common_urns.composites.PUBSUB_READ.urn)
+    ]
+    writes = [
+        rapi.PubSubWritePayload.FromString(t.spec.payload)
+        for t in transforms_with(job, common_urns.composites.PUBSUB_WRITE.urn)
+    ]
     assert [(r.subscription, r.with_attributes) for r in reads] == [(REQUESTS, True)]
     assert RECORDS in [w.topic for w in writes]
 
@@ -82,9 +97,13 @@ def test_reads_requests_and_writes_records_on_pubsub(job):
 def test_setup_file_is_carried_and_staged(job):
     assert job.options.view_as(SetupOptions).setup_file == str(REPO / "setup.py")
     # What the service would receive as sdkPipelineOptions.
-    env = apiclient.Environment(packages=[], options=job.options, environment_version="8",
-                                proto_pipeline_staged_url="gs://rl-bucket/tmp/pipeline.pb",
-                                proto_pipeline=job.proto_pipeline).proto
+    env = apiclient.Environment(
+        packages=[],
+        options=job.options,
+        environment_version="8",
+        proto_pipeline_staged_url="gs://rl-bucket/tmp/pipeline.pb",
+        proto_pipeline=job.proto_pipeline,
+    ).proto
     sent = dict(env.sdk_pipeline_options["options"])
     assert sent["setup_file"] == str(REPO / "setup.py") and sent["streaming"] is True
     assert sent["buckets"] == "128,256" and sent["window_s"] == 30.0
@@ -93,7 +112,7 @@ def test_setup_file_is_carried_and_staged(job):
     assert "workflow.tar.gz" in staged
     with tarfile.open(staged["workflow.tar.gz"]) as sdist:
         names = sdist.getnames()
-    for module in ("pipelines/rollout.py", "pipelines/pack_transform.py", "trainer/records.py", "setup.py"):
+    for module in ("pipelines/rollout.py", "pipelines/pack_transform.py", "trainer/contracts/records.py", "setup.py"):
         assert any(n.endswith(module) for n in names), module
 
 
@@ -112,8 +131,14 @@ def test_the_packer_translates_for_dataflow():
     argv = [a for a in ARGV if not a.startswith("--setup_file")]
     p = beam.Pipeline(options=PipelineOptions(argv))
     cfg = PackingConfig(buckets=(128, 256), window_s=30.0, allowed_lateness_s=600.0)
-    (p | beam.io.ReadFromPubSub(subscription=REQUESTS) | beam.Map(lambda _: [])
-     | PackTrajectoryGroups(cfg) | beam.Map(lambda r: r.record_id.encode()) | beam.io.WriteToPubSub(RECORDS))
+    (
+        p
+        | beam.io.ReadFromPubSub(subscription=REQUESTS)
+        | beam.Map(lambda _: [])
+        | PackTrajectoryGroups(cfg)
+        | beam.Map(lambda r: r.record_id.encode())
+        | beam.io.WriteToPubSub(RECORDS)
+    )
     job = p.run().job
     remove_local_staging(job)
     pipeline = job.proto_pipeline

@@ -1,4 +1,5 @@
 """Prompt datasets as TFDS builders: build, load through tfds.data_source, reuse, offline."""
+
 import json
 import os
 import pathlib
@@ -24,8 +25,12 @@ def _ensure_guess_registered():
         environments.make_tasks("guess", 0, 1)
     except KeyError:
         environments.register(
-            "guess", lambda **cfg: guess.GuessEnv(guess.GuessConfig(**cfg)),
-            tasks=guess.generate_tasks, oracle=guess.oracle_action, overwrite=True)
+            "guess",
+            lambda **cfg: guess.GuessEnv(guess.GuessConfig(**cfg)),
+            tasks=guess.generate_tasks,
+            oracle=guess.oracle_action,
+            overwrite=True,
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +49,8 @@ def test_build_then_load_gives_the_generators_tasks(tmp_path, env_name):
     print(f"{env_name}: built in {time.perf_counter() - t0:.2f} s")
     assert path == tmp_path / "agentic_rl_tasks" / env_name / "1.0.0"
     assert sorted(p.name for p in path.glob("*.array_record-*")) == [
-        f"agentic_rl_tasks-{s}.array_record-00000-of-00001" for s in ("test", "train")]
+        f"agentic_rl_tasks-{s}.array_record-00000-of-00001" for s in ("test", "train")
+    ]
     loaded = {}
     for split, n in (("train", 120), ("test", 40)):
         tasks = datasets.load_tasks(env_name, split, tmp_path)
@@ -58,8 +64,7 @@ def test_build_then_load_gives_the_generators_tasks(tmp_path, env_name):
         loaded[split] = {t.task_id for t in tasks}
     assert loaded["train"] and loaded["test"] and not loaded["train"] & loaded["test"]
     meta = datasets.load_tasks(env_name, "test", tmp_path).metadata
-    assert (meta["env"], meta["seed"], meta["train_size"], meta["test_size"]) == (
-        env_name, 3, 120, 40)
+    assert (meta["env"], meta["seed"], meta["train_size"], meta["test_size"]) == (env_name, 3, 120, 40)
     assert "tensorflow" not in sys.modules  # TFDS ran on its numpy/array_record path
 
 
@@ -72,12 +77,10 @@ def test_second_build_is_a_no_op_and_a_different_one_is_refused(tmp_path):
     assert _files(path) == before  # nothing rewritten
     for changed in [dict(train_size=51), dict(test_size=19), dict(seed=2)]:
         with pytest.raises(ValueError, match="overwrite"):
-            datasets.build("guess", tmp_path, **{"train_size": 50, "test_size": 20,
-                                                 "seed": 1, **changed})
+            datasets.build("guess", tmp_path, **{"train_size": 50, "test_size": 20, "seed": 1, **changed})
     datasets.build("guess", tmp_path, train_size=10, test_size=5, seed=2, overwrite=True)
     assert len(datasets.load_tasks("guess", "train", tmp_path)) == 10
-    assert list(datasets.load_tasks("guess", "test", tmp_path)) == guess.generate_tasks(
-        2, 5, "test")
+    assert list(datasets.load_tasks("guess", "test", tmp_path)) == guess.generate_tasks(2, 5, "test")
 
 
 def test_bad_requests(tmp_path):
@@ -87,8 +90,12 @@ def test_bad_requests(tmp_path):
         datasets.load_tasks("guess", "validation", tmp_path)
     with pytest.raises(KeyError, match="no task generator"):
         datasets.build("no_such_env", tmp_path)
-    for kwargs in [dict(env_name="a/b"), dict(env_name=""), dict(env_name="guess", train_size=-1),
-                   dict(env_name="guess", seed=1.5)]:
+    for kwargs in [
+        dict(env_name="a/b"),
+        dict(env_name=""),
+        dict(env_name="guess", train_size=-1),
+        dict(env_name="guess", seed=1.5),
+    ]:
         with pytest.raises(ValueError):
             datasets.build(data_dir=tmp_path, **kwargs)
     assert not (tmp_path / "agentic_rl_tasks").exists()
@@ -138,24 +145,38 @@ def test_builds_offline_without_tensorflow_or_downloads(tmp_path):
     tmp = tmp_path / "tmp"
     home.mkdir()
     tmp.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home), "TMPDIR": str(tmp),
-           "TFDS_DATA_DIR": str(tmp_path / "default_tfds")}
-    proc = subprocess.run([sys.executable, "-c", _OFFLINE_SCRIPT, str(data_dir)], env=env,
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "TFDS_DATA_DIR": str(tmp_path / "default_tfds"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _OFFLINE_SCRIPT, str(data_dir)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out == {"sizes": {e: [30, 10] for e in ("calculator", "guess", "toy_plugin")},
-                   "heavy": []}
+    assert out == {"sizes": {e: [30, 10] for e in ("calculator", "guess", "toy_plugin")}, "heavy": []}
     # A reader needs only the files: no generator code, no registry entry, no building.
     load_only = _NO_NETWORK + (
         "from environments import datasets\n"
         "t = datasets.load_tasks('toy_plugin', 'test', sys.argv[1])\n"
-        "print(json.dumps([len(t), t[7].to_json_dict()]))\n")
-    proc = subprocess.run([sys.executable, "-c", load_only, str(data_dir)], env=env,
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+        "print(json.dumps([len(t), t[7].to_json_dict()]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", load_only, str(data_dir)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [
-        10, {"task_id": "toy-test-0-7", "prompt": "Say 7. ", "target": "7", "meta": {"i": 7}}]
+        10,
+        {"task_id": "toy-test-0-7", "prompt": "Say 7. ", "target": "7", "meta": {"i": 7}},
+    ]
     downloaded = [p for p in (data_dir / "downloads").rglob("*") if p.is_file()]
     assert downloaded == []  # tfds's download dir stays empty
     assert not (tmp_path / "default_tfds").exists()

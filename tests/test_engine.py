@@ -1,4 +1,5 @@
 """The continuous-batching engine: exact log-probs, no recompiles, latency hiding, swaps."""
+
 import asyncio
 import time
 
@@ -10,10 +11,10 @@ from flax import nnx
 import environments
 from pipelines.engine import InferenceEngine, Sequence
 from pipelines.episodes import EpisodeLimits, run_group
-from trainer import tokenizer
-from trainer.config import ModelConfig
-from trainer.model import init_model, split_params, token_logprobs
-from trainer.sampling import Sampler
+from trainer.policy import tokenizer
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params, token_logprobs
+from trainer.policy.sampling import Sampler
 
 CFG = ModelConfig(max_seq_len=128)
 
@@ -27,9 +28,9 @@ def model():
 
 def _full_logprobs(fwd, params, tokens):
     t = np.zeros((1, 128), np.int32)
-    t[0, :len(tokens)] = tokens
+    t[0, : len(tokens)] = tokens
     seg = (np.arange(128) < len(tokens)).astype(np.int32)[None]
-    return np.asarray(fwd(params, t, seg, np.arange(128)[None] * seg))[0, :len(tokens)]
+    return np.asarray(fwd(params, t, seg, np.arange(128)[None] * seg))[0, : len(tokens)]
 
 
 async def _chatty_episode(engine, rng_seed, turns=3):
@@ -76,8 +77,9 @@ def test_tool_waits_overlap_across_episodes(model):
     task = environments.generate_tasks(0, 1, "test")[0]
 
     async def groups():
-        envs = [[environments.make("calculator", tool_latency="fixed:0.3", max_turns=3) for _ in range(4)]
-                for _ in range(8)]
+        envs = [
+            [environments.make("calculator", tool_latency="fixed:0.3", max_turns=3) for _ in range(4)] for _ in range(8)
+        ]
         return await asyncio.gather(*(run_group(engine, e, task, f"r{i}", limits) for i, e in enumerate(envs)))
 
     t0 = time.perf_counter()

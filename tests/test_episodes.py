@@ -1,4 +1,5 @@
 """Episode limits and outcomes in run_group: every episode ends with a recorded status."""
+
 import asyncio
 import time
 
@@ -9,10 +10,10 @@ import environments
 from environments import Environment, EpisodeStatus, StepResult, Task
 from pipelines.engine import InferenceEngine
 from pipelines.episodes import EpisodeLimits, run_group
-from trainer import tokenizer
-from trainer.config import ModelConfig
-from trainer.model import init_model, split_params
-from trainer.sampling import Sampler
+from trainer.policy import tokenizer
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params
+from trainer.policy.sampling import Sampler
 
 CFG = ModelConfig(max_seq_len=128)
 TASK = Task("t-1", "Compute 1+2. ", "3", {"expression": "1+2"})

@@ -1,5 +1,6 @@
 """GuessEnv end to end: the binary-search oracle, a random policy, feedback, errors,
 truncation, latency overlap, and task splits."""
+
 import asyncio
 import json
 import random
@@ -7,11 +8,19 @@ import re
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from environments.base import EpisodeStatus, Task
-from environments.guess import (MIN_WIDTH, GuessConfig, GuessEnv, generate_tasks,
-                                guesses_needed, oracle_action, task_range)
+from environments.guess import (
+    MIN_WIDTH,
+    GuessConfig,
+    GuessEnv,
+    generate_tasks,
+    guesses_needed,
+    oracle_action,
+    task_range,
+)
 from environments.latency import LatencyModel
 
 
@@ -31,6 +40,7 @@ def _steps(env, task, actions):
     async def go():
         await env.reset(task)
         return [await env.step(a) for a in actions]
+
     return asyncio.run(go())
 
 
@@ -55,6 +65,7 @@ def _random_policy(seed):
     def policy(task, observations):
         low, high = task_range(task)
         return f"<call guess>{rng.randint(low, high)}</call>"
+
     return policy
 
 
@@ -63,8 +74,7 @@ def test_random_policy_mostly_loses():
     # probability 1 - (1 - 1/w)**8: 0.077 on 1..100. n=300 gives sigma ~0.015.
     env = GuessEnv()
     rng = random.Random(0)
-    full = [Task(f"r{i}", "Guess my number in 1..100. ", str(rng.randint(1, 100)))
-            for i in range(300)]
+    full = [Task(f"r{i}", "Guess my number in 1..100. ", str(rng.randint(1, 100))) for i in range(300)]
     results = [asyncio.run(run_episode(env, t, _random_policy(i))) for i, t in enumerate(full)]
     mean = sum(r for r, _ in results) / len(results)
     assert 1 - 0.99**8 == pytest.approx(0.0773, abs=1e-4)
@@ -81,20 +91,25 @@ def test_random_policy_mostly_loses():
 
 
 def test_higher_lower_and_correct():
-    results = _steps(GuessEnv(), SECRET_42, [f"<call guess>{g}</call>" for g in
-                                             (1, 100, 41, 43, " 10 ", "+90", "042")])
+    results = _steps(GuessEnv(), SECRET_42, [f"<call guess>{g}</call>" for g in (1, 100, 41, 43, " 10 ", "+90", "042")])
     assert [r.observation for r in results] == [
-        "<result>higher</result>", "<result>lower</result>", "<result>higher</result>",
-        "<result>lower</result>", "<result>higher</result>", "<result>lower</result>",
-        "<result>correct</result>"]
+        "<result>higher</result>",
+        "<result>lower</result>",
+        "<result>higher</result>",
+        "<result>lower</result>",
+        "<result>higher</result>",
+        "<result>lower</result>",
+        "<result>correct</result>",
+    ]
     assert [r.reward for r in results] == [0.0] * 6 + [1.0]
     assert [r.done for r in results] == [False] * 6 + [True]
     assert results[-1].info["status"] == EpisodeStatus.FINISHED
     assert results[-1].info["tool_calls"] == 7 and results[-1].info["tool_errors"] == 0
 
 
-@pytest.mark.parametrize("answer, reward", [("42", 1.0), (" 42\n", 1.0), ("41", 0.0),
-                                            ("forty-two", 0.0), ("４２", 0.0), ("", 0.0)])
+@pytest.mark.parametrize(
+    "answer, reward", [("42", 1.0), (" 42\n", 1.0), ("41", 0.0), ("forty-two", 0.0), ("４２", 0.0), ("", 0.0)]
+)
 def test_answer_is_a_final_guess(answer, reward):
     [r] = _steps(GuessEnv(), SECRET_42, [f"<answer>{answer}</answer>"])
     assert (r.reward, r.done, r.info["status"]) == (reward, True, EpisodeStatus.FINISHED)
@@ -102,9 +117,18 @@ def test_answer_is_a_final_guess(answer, reward):
 
 
 def test_malformed_unknown_and_out_of_range_are_counted_errors():
-    actions = ["hello", "<call guess>42", "<call search>42</call>", "<call guess>0</call>",
-               "<call guess>101</call>", "<call guess>4.5</call>", "<call guess>４２</call>",
-               "<call guess></call>", "<call guess>1_0</call>", "<answer>42</answer>"]
+    actions = [
+        "hello",
+        "<call guess>42",
+        "<call search>42</call>",
+        "<call guess>0</call>",
+        "<call guess>101</call>",
+        "<call guess>4.5</call>",
+        "<call guess>４２</call>",
+        "<call guess></call>",
+        "<call guess>1_0</call>",
+        "<answer>42</answer>",
+    ]
     results = _steps(GuessEnv(GuessConfig(max_turns=20)), SECRET_42, actions)
     for r in results[:-1]:
         assert r.observation.startswith("<error>") and r.observation.endswith("</error>")
@@ -113,8 +137,12 @@ def test_malformed_unknown_and_out_of_range_are_counted_errors():
     assert "1..100" in results[3].observation and "in range" in results[4].observation
     last = results[-1]
     assert last.reward == 1.0 and last.done
-    assert (last.info["malformed_calls"], last.info["unknown_tool_calls"],
-            last.info["tool_errors"], last.info["tool_calls"]) == (2, 1, 6, 6)
+    assert (
+        last.info["malformed_calls"],
+        last.info["unknown_tool_calls"],
+        last.info["tool_errors"],
+        last.info["tool_calls"],
+    ) == (2, 1, 6, 6)
 
 
 def test_out_of_turns_truncates_with_zero_reward():
@@ -137,16 +165,14 @@ def test_latency_is_awaited_and_overlaps_across_episodes():
 
     async def many():
         envs = [GuessEnv(config) for _ in tasks]
-        return await asyncio.gather(*(run_episode(e, t, oracle_action)
-                                      for e, t in zip(envs, tasks)))
+        return await asyncio.gather(*(run_episode(e, t, oracle_action) for e, t in zip(envs, tasks)))
 
     t0 = time.perf_counter()
     results = asyncio.run(many())
     elapsed = time.perf_counter() - t0
     turns = [last.info["turns"] for _, last in results]
     assert all(r == 1.0 for r, _ in results)
-    assert all(last.info["tool_latency_s"] == pytest.approx(0.1 * n)
-               for n, (_, last) in zip(turns, results))
+    assert all(last.info["tool_latency_s"] == pytest.approx(0.1 * n) for n, (_, last) in zip(turns, results))
     serial = 0.1 * sum(turns)  # what one-after-another would sleep, >= 10 x one episode
     assert 0.1 * max(turns) <= elapsed < 0.3 * serial, (elapsed, serial)
 
@@ -157,8 +183,10 @@ def test_task_generation_is_deterministic_and_splits_disjoint():
     assert len({t.task_id for t in a}) == 500
 
     def keys(split):
-        return {(t.meta["low"], t.meta["high"], t.meta["secret"])
-                for s in range(3) for t in generate_tasks(s, 500, split)}
+        return {
+            (t.meta["low"], t.meta["high"], t.meta["secret"]) for s in range(3) for t in generate_tasks(s, 500, split)
+        }
+
     train, test = keys("train"), keys("test")
     assert train and test and not train & test
     for split in ("train", "test"):
@@ -179,14 +207,23 @@ def test_task_generation_is_deterministic_and_splits_disjoint():
 
 def test_config_and_task_validation():
     assert GuessConfig(tool_latency="fixed:0.5").tool_latency == LatencyModel("fixed", 0.5)
-    for kwargs in [{"max_turns": 0}, {"max_turns": 1.5}, {"low": 5, "high": 4},
-                   {"low": True}, {"tool_latency": "slow"}, {"tool_latency": 3}]:
+    for kwargs in [
+        {"max_turns": 0},
+        {"max_turns": 1.5},
+        {"low": 5, "high": 4},
+        {"low": True},
+        {"tool_latency": "slow"},
+        {"tool_latency": 3},
+    ]:
         with pytest.raises(ValueError):
             GuessConfig(**kwargs)
     env = GuessEnv(GuessConfig(low=1, high=50))
-    for task in [Task("a", "p", "60"), Task("b", "p", "x"),
-                 Task("c", "p", "5", meta={"low": 1, "high": 80}),
-                 Task("d", "p", "5", meta={"low": "1", "high": 8})]:
+    for task in [
+        Task("a", "p", "60"),
+        Task("b", "p", "x"),
+        Task("c", "p", "5", meta={"low": 1, "high": 80}),
+        Task("d", "p", "5", meta={"low": "1", "high": 8}),
+    ]:
         with pytest.raises(ValueError):
             asyncio.run(env.reset(task))
     with pytest.raises(RuntimeError):
@@ -194,16 +231,19 @@ def test_config_and_task_validation():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(max_size=40) | st.builds("<call guess>{}</call>".format, st.text(max_size=8)),
-                min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.text(max_size=40) | st.builds("<call guess>{}</call>".format, st.text(max_size=8)), min_size=1, max_size=8
+    )
+)
 def test_any_text_is_an_observation_never_an_exception(actions):
     async def go():
         env = GuessEnv()
         await env.reset(SECRET_42)
         for a in actions:
             r = await env.step(a)
-            assert r.observation == "" or re.fullmatch(r"<(result|error)>.*</\1>",
-                                                       r.observation, re.S)
+            assert r.observation == "" or re.fullmatch(r"<(result|error)>.*</\1>", r.observation, re.S)
             if r.done:
                 return
+
     asyncio.run(go())

@@ -1,4 +1,5 @@
 """LatencyModel: spec parsing, validation, determinism, distribution shape."""
+
 import statistics
 
 import pytest
@@ -6,35 +7,61 @@ import pytest
 from environments.latency import LatencyModel
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("none", LatencyModel()),
-    (" NONE ", LatencyModel()),
-    ("fixed:0.5", LatencyModel(kind="fixed", seconds=0.5)),
-    ("fixed:0", LatencyModel(kind="fixed", seconds=0.0)),
-    ("uniform:0.1:0.3", LatencyModel(kind="uniform", low=0.1, high=0.3)),
-    ("lognormal:0.2:0.5", LatencyModel(kind="lognormal", median=0.2, sigma=0.5)),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("none", LatencyModel()),
+        (" NONE ", LatencyModel()),
+        ("fixed:0.5", LatencyModel(kind="fixed", seconds=0.5)),
+        ("fixed:0", LatencyModel(kind="fixed", seconds=0.0)),
+        ("uniform:0.1:0.3", LatencyModel(kind="uniform", low=0.1, high=0.3)),
+        ("lognormal:0.2:0.5", LatencyModel(kind="lognormal", median=0.2, sigma=0.5)),
+    ],
+)
 def test_from_spec(spec, expected):
     model = LatencyModel.from_spec(spec)
     assert model == expected
     assert LatencyModel.from_spec(model.to_spec()) == model
 
 
-@pytest.mark.parametrize("spec", [
-    "", "slow", "fixed", "fixed:", "fixed:abc", "fixed:-1", "fixed:nan", "fixed:inf",
-    "fixed:1:2", "none:1", "uniform:0.3", "uniform:0.3:0.1", "lognormal:0:0.5",
-    "lognormal:0.2:-1", "lognormal:0.2",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "slow",
+        "fixed",
+        "fixed:",
+        "fixed:abc",
+        "fixed:-1",
+        "fixed:nan",
+        "fixed:inf",
+        "fixed:1:2",
+        "none:1",
+        "uniform:0.3",
+        "uniform:0.3:0.1",
+        "lognormal:0:0.5",
+        "lognormal:0.2:-1",
+        "lognormal:0.2",
+    ],
+)
 def test_bad_specs_raise_value_error(spec):
-    with pytest.raises(ValueError, match="latency|LatencyModel"):
+    with pytest.raises(ValueError, match=r"latency|LatencyModel"):
         LatencyModel.from_spec(spec)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"kind": "gamma"}, {"kind": "fixed", "seconds": -0.1}, {"kind": "fixed", "seconds": "1"},
-    {"kind": "uniform", "low": 2.0, "high": 1.0}, {"kind": "lognormal", "median": 0.0},
-    {"seed": 1.5}, {"seed": True}, {"kind": "fixed", "seconds": float("nan")},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"kind": "gamma"},
+        {"kind": "fixed", "seconds": -0.1},
+        {"kind": "fixed", "seconds": "1"},
+        {"kind": "uniform", "low": 2.0, "high": 1.0},
+        {"kind": "lognormal", "median": 0.0},
+        {"seed": 1.5},
+        {"seed": True},
+        {"kind": "fixed", "seconds": float("nan")},
+    ],
+)
 def test_constructor_validates(kwargs):
     with pytest.raises(ValueError):
         LatencyModel(**kwargs)

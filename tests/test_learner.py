@@ -1,4 +1,5 @@
 """The learner step: sharding equivalence on 8 virtual devices, zero recompiles."""
+
 import json
 import os
 import subprocess
@@ -7,18 +8,23 @@ import sys
 import jax
 import numpy as np
 import pytest
-
 from _learner_data import random_record
-from trainer.config import ModelConfig
-from trainer.learner import Learner, LearnerConfig
+
+from trainer.learning.learner import Learner, LearnerConfig
+from trainer.policy.config import ModelConfig
 
 HERE = os.path.dirname(__file__)
 
 
 @pytest.mark.timeout(600)
 def test_meshes_give_the_same_loss_gradients_and_update_as_one_device():
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "_sharding_probe.py")], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "_sharding_probe.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     base = out["single"]
@@ -27,7 +33,9 @@ def test_meshes_give_the_same_loss_gradients_and_update_as_one_device():
         got = out[layout]
         np.testing.assert_allclose(got["loss"], base["loss"], rtol=1e-5, err_msg=layout)
         np.testing.assert_allclose(got["grad_norm"], base["grad_norm"], rtol=1e-4, err_msg=layout)
-        np.testing.assert_allclose(got["grads"], base["grads"], rtol=1e-4, atol=1e-6, err_msg=layout)  # float32 sums in another order
+        np.testing.assert_allclose(
+            got["grads"], base["grads"], rtol=1e-4, atol=1e-6, err_msg=layout
+        )  # float32 sums in another order
         # Adam's first step is lr * g / (|g| + eps): near-zero gradients can round either
         # way, so the updated weights agree to within the learning rate, not bit for bit.
         diff = np.abs(np.asarray(got["params"]) - np.asarray(base["params"]))
@@ -53,12 +61,15 @@ def test_wrong_batch_size_is_refused():
 def test_kl_to_reference_and_loss_choices_train():
     """Each algorithm and the KL term run through the real jitted step; the KL to the
     reference is 0 before the first update and positive after a few."""
-    from trainer.losses import LossConfig
+    from trainer.learning.losses import LossConfig
 
     records = [random_record(7), random_record(8)]
-    for loss in (LossConfig(), LossConfig(algorithm="gspo_token", aggregation="seq-mean-token-mean"),
-                 LossConfig(algorithm="decoupled_ppo", tis_cap=2.0, aggregation="seq-mean-token-sum"),
-                 LossConfig(kl_coef=0.1, kl_estimator="k3")):
+    for loss in (
+        LossConfig(),
+        LossConfig(algorithm="gspo_token", aggregation="seq-mean-token-mean"),
+        LossConfig(algorithm="decoupled_ppo", tis_cap=2.0, aggregation="seq-mean-token-sum"),
+        LossConfig(kl_coef=0.1, kl_estimator="k3"),
+    ):
         learner = Learner(ModelConfig(max_seq_len=64), LearnerConfig(batch_records=2, learning_rate=1e-2, loss=loss))
         if loss.kl_coef:
             with pytest.raises(ValueError, match="reference"):

@@ -1,52 +1,44 @@
 """RL losses against hand-computed numbers: the advantage estimators (GRPO, RLOO,
 Dr. GRPO), the clipped PPO loss, its metrics and gradient, and entropy. The off-policy
 losses (aggregation, GSPO, TIS, decoupled PPO, KL) are in test_losses_offpolicy.py."""
+
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _losses import ppo_clipped_loss
 
-from trainer.losses import (
-    ADVANTAGE_ESTIMATORS,
-    LOG_RATIO_CLAMP,
-    dr_grpo_advantages,
-    entropy,
-    group_relative_advantages,
-    grpo_advantages,
-    masked_mean,
-    ppo_clipped_loss,
-    rloo_advantages,
-)
+from trainer.learning.losses import LOG_RATIO_CLAMP, entropy, masked_mean
+from trainer.rl.advantages import ADVANTAGE_ESTIMATORS, dr_grpo_advantages, grpo_advantages, rloo_advantages
 
 
 # ----------------------------------------------------------------------------- GRPO advantages
-def test_group_relative_advantages_by_hand():
+def test_grpo_advantages_by_hand():
     # mean 0.5, std 0.5 -> (r - 0.5) / 0.5
-    np.testing.assert_allclose(group_relative_advantages([1, 0, 0, 1]), [1, -1, -1, 1], atol=1e-5)
+    np.testing.assert_allclose(grpo_advantages([1, 0, 0, 1]), [1, -1, -1, 1], atol=1e-5)
     # mean 2, population std sqrt(2/3)
     s = math.sqrt(2 / 3)
-    np.testing.assert_allclose(group_relative_advantages([1.0, 2.0, 3.0]), [-1 / s, 0, 1 / s], atol=1e-5)
+    np.testing.assert_allclose(grpo_advantages([1.0, 2.0, 3.0]), [-1 / s, 0, 1 / s], atol=1e-5)
     # one success in four: mean 0.25, std sqrt(0.1875)
     s = math.sqrt(0.1875)
-    np.testing.assert_allclose(group_relative_advantages([0, 0, 1, 0]), [-0.25 / s, -0.25 / s, 0.75 / s, -0.25 / s],
-                               atol=1e-5)
-    out = group_relative_advantages(np.array([1, 0, 0, 1], dtype=np.int64))
+    np.testing.assert_allclose(grpo_advantages([0, 0, 1, 0]), [-0.25 / s, -0.25 / s, 0.75 / s, -0.25 / s], atol=1e-5)
+    out = grpo_advantages(np.array([1, 0, 0, 1], dtype=np.int64))
     assert out.dtype == np.float32 and out.shape == (4,)
 
 
 @pytest.mark.parametrize("rewards", [[0.0] * 4, [1.0] * 8, [0.1] * 3, [-7.25, -7.25], [1e6] * 5, [0.3] * 16])
 def test_equal_rewards_give_exactly_zero(rewards):
-    adv = group_relative_advantages(rewards)
+    adv = grpo_advantages(rewards)
     assert adv.dtype == np.float32 and adv.shape == (len(rewards),)
     assert (adv == 0.0).all()
 
 
 def test_single_and_empty_groups():
-    adv = group_relative_advantages([3.5])
+    adv = grpo_advantages([3.5])
     assert adv.shape == (1,) and adv[0] == 0.0 and adv.dtype == np.float32
-    empty = group_relative_advantages([])
+    empty = grpo_advantages([])
     assert empty.shape == (0,) and empty.dtype == np.float32
 
 
@@ -54,7 +46,7 @@ def test_advantages_sum_to_zero_and_have_unit_std():
     rng = np.random.default_rng(0)
     for _ in range(20):
         r = rng.normal(size=int(rng.integers(2, 17))) * 5
-        adv = group_relative_advantages(r)
+        adv = grpo_advantages(r)
         assert abs(adv.sum()) < 1e-4
         assert abs(adv.std() - 1.0) < 1e-4
 
@@ -82,11 +74,14 @@ def test_dr_grpo_by_hand():
     np.testing.assert_allclose(grpo_advantages([0.0, 10.0]), [-1.0, 1.0], atol=1e-5)
 
 
-def test_grpo_two_samples_and_alias():
+def test_grpo_two_samples_and_estimators_by_name():
     # mean 4, population std 1
     np.testing.assert_allclose(grpo_advantages([3.0, 5.0]), [-1.0, 1.0], atol=1e-5)
-    assert group_relative_advantages is grpo_advantages
-    assert ADVANTAGE_ESTIMATORS == {"grpo": grpo_advantages, "rloo": rloo_advantages, "dr_grpo": dr_grpo_advantages}
+    # The names the pipeline's --advantage_estimator accepts give each estimator's numbers.
+    assert sorted(ADVANTAGE_ESTIMATORS) == ["dr_grpo", "grpo", "rloo"]
+    np.testing.assert_allclose(ADVANTAGE_ESTIMATORS["grpo"]([3.0, 5.0]), [-1.0, 1.0], atol=1e-5)
+    np.testing.assert_allclose(ADVANTAGE_ESTIMATORS["rloo"]([1.0, 0.0, 0.0]), [1.0, -0.5, -0.5], atol=1e-6)
+    np.testing.assert_allclose(ADVANTAGE_ESTIMATORS["dr_grpo"]([0.0, 10.0]), [-5.0, 5.0], atol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
@@ -139,8 +134,12 @@ def hand_case():
     mask = np.array([1] * n + [0, 0], np.uint8)
     logp = (behaviour + np.log(ratio)).astype(np.float32)
     shape = (2, 5)
-    return (jnp.asarray(logp.reshape(shape)), jnp.asarray(behaviour.reshape(shape)),
-            jnp.asarray(adv.reshape(shape)), jnp.asarray(mask.reshape(shape)))
+    return (
+        jnp.asarray(logp.reshape(shape)),
+        jnp.asarray(behaviour.reshape(shape)),
+        jnp.asarray(adv.reshape(shape)),
+        jnp.asarray(mask.reshape(shape)),
+    )
 
 
 def test_ppo_clipped_loss_by_hand():
@@ -158,8 +157,14 @@ def test_ppo_clipped_loss_by_hand():
     assert float(m["losses/importance_weight_mean"]) == pytest.approx(sum(c[0] for c in CASES) / n, abs=1e-5)
     assert float(m["losses/importance_weight_max"]) == pytest.approx(1.5, abs=1e-5)  # the masked e^30 is ignored
     assert float(m["losses/total_loss"]) == pytest.approx(-0.275, abs=1e-5)  # no KL term
-    assert set(m) == {"losses/policy_loss", "losses/total_loss", "losses/approx_kl", "losses/clipfrac",
-                      "losses/importance_weight_mean", "losses/importance_weight_max"}
+    assert set(m) == {
+        "losses/policy_loss",
+        "losses/total_loss",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "losses/importance_weight_mean",
+        "losses/importance_weight_max",
+    }
 
 
 def test_ppo_clipped_loss_gradient_by_hand():

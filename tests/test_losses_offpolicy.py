@@ -1,6 +1,7 @@
-"""The off-policy side of trainer/losses.py against hand-computed numbers: aggregation
+"""The off-policy side of trainer/learning/losses.py against hand-computed numbers: aggregation
 over packed rows, GSPO-token, truncated importance sampling, decoupled PPO, the KL
 estimators, extreme ratios, the config's checks, jit and the non-finite guard."""
+
 import dataclasses
 import math
 
@@ -8,10 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _losses import ppo_clipped_loss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.losses import (
+from trainer.learning.losses import (
     AGGREGATIONS,
     ALGORITHMS,
     KL_ESTIMATORS,
@@ -20,7 +22,6 @@ from trainer.losses import (
     all_finite,
     kl_penalty,
     policy_loss,
-    ppo_clipped_loss,
 )
 
 E = math.exp
@@ -32,23 +33,23 @@ def packed_example():
     row 0: seg 1 = x[0:3] (masked 2, 4), seg 2 = x[3:5] (masked 6), seg 3 = x[5] (none), pad
     row 1: seg 1 = x[0] (masked 1), seg 2 = x[1:4] (masked 3, 5), seg 3 = x[4:6] (7, -1), pad
     Unmasked values are wild (inf included) and must not matter."""
-    x = np.array([[10, 2, 4, 99, 6, 77, np.inf],
-                  [1, 50, 3, 5, 7, -1, -np.inf]], np.float32)
-    seg = np.array([[1, 1, 1, 2, 2, 3, 0],
-                    [1, 2, 2, 2, 3, 3, 0]], np.int32)
-    mask = np.array([[0, 1, 1, 0, 1, 0, 0],
-                     [1, 0, 1, 1, 1, 1, 0]], np.uint8)
+    x = np.array([[10, 2, 4, 99, 6, 77, np.inf], [1, 50, 3, 5, 7, -1, -np.inf]], np.float32)
+    seg = np.array([[1, 1, 1, 2, 2, 3, 0], [1, 2, 2, 2, 3, 3, 0]], np.int32)
+    mask = np.array([[0, 1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 1, 1, 0]], np.uint8)
     return jnp.asarray(x), jnp.asarray(mask), jnp.asarray(seg)
 
 
 # per sequence (masked tokens): (0,1) 2+4=6 len 2; (0,2) 6 len 1; (0,3) none; (1,1) 1 len 1;
 # (1,2) 3+5=8 len 2; (1,3) 7-1=6 len 2. Five sequences count.
-@pytest.mark.parametrize("mode, norm_len, expected", [
-    ("token-mean", None, 27 / 8),  # (6 + 6 + 1 + 8 + 6) / 8 tokens
-    ("seq-mean-token-mean", None, (3 + 6 + 1 + 4 + 3) / 5),  # means 3, 6, 1, 4, 3
-    ("seq-mean-token-sum", None, 27 / 5),  # sums 6, 6, 1, 8, 6
-    ("seq-mean-token-sum", 4.0, 27 / 5 / 4),
-])
+@pytest.mark.parametrize(
+    "mode, norm_len, expected",
+    [
+        ("token-mean", None, 27 / 8),  # (6 + 6 + 1 + 8 + 6) / 8 tokens
+        ("seq-mean-token-mean", None, (3 + 6 + 1 + 4 + 3) / 5),  # means 3, 6, 1, 4, 3
+        ("seq-mean-token-sum", None, 27 / 5),  # sums 6, 6, 1, 8, 6
+        ("seq-mean-token-sum", 4.0, 27 / 5 / 4),
+    ],
+)
 @pytest.mark.parametrize("max_segments", [3, 8])
 def test_aggregation_modes_by_hand(mode, norm_len, expected, max_segments):
     x, mask, seg = packed_example()
@@ -61,7 +62,7 @@ def test_aggregation_gradients_by_hand():
     x = jnp.where(jnp.isfinite(x), x, 0.0)
     g = jax.grad(lambda v: aggregate(v, mask, seg, "seq-mean-token-mean", 3))(x)
     # d/dx = 1 / (len(seq) * 5 sequences): 0.1 for length 2, 0.2 for length 1, 0 where masked
-    expected = np.array([[0, .1, .1, 0, .2, 0, 0], [.2, 0, .1, .1, .1, .1, 0]], np.float32)
+    expected = np.array([[0, 0.1, 0.1, 0, 0.2, 0, 0], [0.2, 0, 0.1, 0.1, 0.1, 0.1, 0]], np.float32)
     np.testing.assert_allclose(np.asarray(g), expected, atol=1e-6)
     g = jax.grad(lambda v: aggregate(v, mask, seg, "seq-mean-token-sum", 3, norm_len=4.0))(x)
     np.testing.assert_allclose(np.asarray(g), np.asarray(mask) / (5 * 4.0), atol=1e-6)
@@ -93,8 +94,9 @@ def test_ppo_clipped_loss_takes_aggregation_modes():
     x, mask, seg = packed_example()
     adv = jnp.where(jnp.isfinite(x), x, 0.0)
     logp = jnp.full(x.shape, -1.0)
-    loss, _ = ppo_clipped_loss(logp, logp, adv, mask, 0.2, 0.2, segment_ids=seg, aggregation="seq-mean-token-mean",
-                               max_segments=3)
+    loss, _ = ppo_clipped_loss(
+        logp, logp, adv, mask, 0.2, 0.2, segment_ids=seg, aggregation="seq-mean-token-mean", max_segments=3
+    )
     assert float(loss) == pytest.approx(-17 / 5, rel=1e-6)
 
 
@@ -110,8 +112,7 @@ def gspo_example():
       S3 row 1 seg 1: -0.4, -0.2 (+ a prompt token with log-ratio 5) -> s = e^-0.3 = 0.7408 < 0.8, A = -2 (clipped)
       S4 row 1 seg 2: 0.25, 0.35           -> mean 0.3,  s = e^0.3  = 1.3499 > 1.3,    A = -1 (unclipped: pessimistic)
     """
-    log_ratio = np.array([[0.1, 0.3, 0.5, 0.7, 0.0, 0.0],
-                          [5.0, -0.4, -0.2, 0.25, 0.35, 0.0]], np.float32)
+    log_ratio = np.array([[0.1, 0.3, 0.5, 0.7, 0.0, 0.0], [5.0, -0.4, -0.2, 0.25, 0.35, 0.0]], np.float32)
     seg = np.array([[1, 1, 2, 2, 0, 0], [1, 1, 1, 2, 2, 0]], np.int32)
     mask = np.array([[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0]], np.uint8)
     adv = np.array([[1, 1, 1, 1, 0, 0], [-2, -2, -2, -1, -1, 0]], np.float32)
@@ -186,8 +187,9 @@ def test_tis_caps_the_behaviour_weight():
     assert float(m["losses/behaviour_weight_max"]) == pytest.approx(3.0, rel=1e-5)  # before the cap
     assert float(m["losses/behaviour_weight_mean"]) == pytest.approx(4.5 / 3, rel=1e-5)
     assert float(m["losses/importance_weight_max"]) == pytest.approx(1.5, rel=1e-5)  # pi_theta / pi_prox
-    grads = jax.grad(lambda lp, px: policy_loss(lp, behaviour, adv, mask, seg, cfg, proximal_logp=px)[0],
-                     argnums=(0, 1))(logp, proximal)
+    grads = jax.grad(
+        lambda lp, px: policy_loss(lp, behaviour, adv, mask, seg, cfg, proximal_logp=px)[0], argnums=(0, 1)
+    )(logp, proximal)
     # only token 0 is unclipped: -w * ratio * A / 3 = -2 * 1.1 / 3; nothing flows into pi_prox
     np.testing.assert_allclose(np.asarray(grads[0]), [[-2 * 1.1 / 3, 0, 0]], atol=1e-6)
     assert (np.asarray(grads[1]) == 0).all()
@@ -195,12 +197,14 @@ def test_tis_caps_the_behaviour_weight():
 
 def test_decoupled_ppo_uses_the_uncapped_weight_unless_capped():
     logp, behaviour, proximal, adv, mask, seg = tis_example()
-    loss, m = policy_loss(logp, behaviour, adv, mask, seg, LossConfig("decoupled_ppo", 0.2, 0.2),
-                          proximal_logp=proximal)
+    loss, m = policy_loss(
+        logp, behaviour, adv, mask, seg, LossConfig("decoupled_ppo", 0.2, 0.2), proximal_logp=proximal
+    )
     assert float(loss) == pytest.approx(-(3 * 1.1 + 0.5 * 1.2 - 0.8) / 3, rel=1e-5)
     assert "losses/tis_capfrac" not in m
-    capped, _ = policy_loss(logp, behaviour, adv, mask, seg, LossConfig("decoupled_ppo", 0.2, 0.2, tis_cap=2.0),
-                            proximal_logp=proximal)
+    capped, _ = policy_loss(
+        logp, behaviour, adv, mask, seg, LossConfig("decoupled_ppo", 0.2, 0.2, tis_cap=2.0), proximal_logp=proximal
+    )
     assert float(capped) == pytest.approx(-2 / 3, rel=1e-5)
 
 
@@ -215,8 +219,10 @@ def random_batch(seed, shape=(3, 10)):
 
 
 @pytest.mark.parametrize("mode", AGGREGATIONS)
-@pytest.mark.parametrize("variant", [dict(algorithm="decoupled_ppo"), dict(algorithm="decoupled_ppo", tis_cap=1.0),
-                                     dict(algorithm="ppo", tis_cap=2.0)])
+@pytest.mark.parametrize(
+    "variant",
+    [dict(algorithm="decoupled_ppo"), dict(algorithm="decoupled_ppo", tis_cap=1.0), dict(algorithm="ppo", tis_cap=2.0)],
+)
 def test_decoupled_ppo_and_tis_reduce_to_ppo_when_proximal_is_behaviour(mode, variant):
     logp, behaviour, adv, mask, seg = random_batch(4)
     ppo = LossConfig("ppo", 0.2, 0.28, mode, 3)
@@ -292,9 +298,10 @@ def test_kl_term_is_added_to_the_loss(estimator):
 
 
 # ----------------------------------------------------------------------------- extreme ratios
-CONFIGS = [LossConfig(a, 0.2, 0.28, agg, 3, tis_cap=cap, kl_coef=0.1, kl_estimator=KL_ESTIMATORS[i % 3])
-           for i, (a, agg, cap) in enumerate((a, agg, cap) for a in ALGORITHMS for agg in AGGREGATIONS
-                                             for cap in (None, 2.0))]
+CONFIGS = [
+    LossConfig(a, 0.2, 0.28, agg, 3, tis_cap=cap, kl_coef=0.1, kl_estimator=KL_ESTIMATORS[i % 3])
+    for i, (a, agg, cap) in enumerate((a, agg, cap) for a in ALGORITHMS for agg in AGGREGATIONS for cap in (None, 2.0))
+]
 
 
 @pytest.mark.parametrize("extreme", [50.0, -50.0, 1e4, -1e4])
@@ -318,23 +325,26 @@ def test_extreme_log_ratios_give_finite_loss_metrics_and_grads(cfg, extreme):
 
 
 # ----------------------------------------------------------------------------- config
-@pytest.mark.parametrize("kw, match", [
-    (dict(algorithm="grpo"), "unknown algorithm"),
-    (dict(aggregation="sum"), "unknown aggregation"),
-    (dict(kl_estimator="k4"), "unknown kl_estimator"),
-    (dict(eps_low=1.0), "eps_low"),
-    (dict(eps_low=1.5), "eps_low"),
-    (dict(eps_low=-0.1), "eps_low"),
-    (dict(eps_high=-0.1), "eps_high"),
-    (dict(kl_coef=-0.01), "kl_coef"),
-    (dict(kl_coef=float("nan")), "kl_coef"),
-    (dict(max_segments=0), "max_segments"),
-    (dict(max_segments=2.0), "max_segments"),
-    (dict(tis_cap=0.0), "tis_cap"),
-    (dict(tis_cap=-1.0), "tis_cap"),
-    (dict(norm_len=512.0), "norm_len"),  # with token-mean
-    (dict(aggregation="seq-mean-token-sum", norm_len=0.0), "norm_len"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(algorithm="grpo"), "unknown algorithm"),
+        (dict(aggregation="sum"), "unknown aggregation"),
+        (dict(kl_estimator="k4"), "unknown kl_estimator"),
+        (dict(eps_low=1.0), "eps_low"),
+        (dict(eps_low=1.5), "eps_low"),
+        (dict(eps_low=-0.1), "eps_low"),
+        (dict(eps_high=-0.1), "eps_high"),
+        (dict(kl_coef=-0.01), "kl_coef"),
+        (dict(kl_coef=float("nan")), "kl_coef"),
+        (dict(max_segments=0), "max_segments"),
+        (dict(max_segments=2.0), "max_segments"),
+        (dict(tis_cap=0.0), "tis_cap"),
+        (dict(tis_cap=-1.0), "tis_cap"),
+        (dict(norm_len=512.0), "norm_len"),  # with token-mean
+        (dict(aggregation="seq-mean-token-sum", norm_len=0.0), "norm_len"),
+    ],
+)
 def test_loss_config_refuses_bad_settings(kw, match):
     with pytest.raises(ValueError, match=match):
         LossConfig(**kw)

@@ -1,13 +1,14 @@
 """The policy model: packing invariance, KV-cached decoding, no recompiles."""
+
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from trainer import tokenizer
-from trainer.config import ModelConfig
-from trainer.model import init_model, split_params, token_logprobs
-from trainer.sampling import Sampler
+from trainer.policy import tokenizer
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params, token_logprobs
+from trainer.policy.sampling import Sampler
 
 CFG = ModelConfig(max_seq_len=64)
 
@@ -23,8 +24,8 @@ def _row(segments, length=48):
     tok, seg, pos = (np.zeros((1, length), np.int32) for _ in range(3))
     start = 0
     for k, s in enumerate(segments, start=1):
-        tok[0, start:start + len(s)], seg[0, start:start + len(s)] = s, k
-        pos[0, start:start + len(s)] = np.arange(len(s))
+        tok[0, start : start + len(s)], seg[0, start : start + len(s)] = s, k
+        pos[0, start : start + len(s)] = np.arange(len(s))
         start += len(s)
     return tok, seg, pos
 
@@ -37,7 +38,7 @@ def test_trajectory_logprobs_same_alone_or_packed(model):
     for offset, seq in ((0, a), (11, b), (20, c)):
         alone = np.asarray(fwd(params, *_row([seq])))[0]
         # token 0 of a segment has no in-segment prefix: only t >= 1 is defined
-        np.testing.assert_allclose(packed[offset + 1:offset + len(seq)], alone[1:len(seq)], atol=1e-5)
+        np.testing.assert_allclose(packed[offset + 1 : offset + len(seq)], alone[1 : len(seq)], atol=1e-5)
 
 
 def test_padding_never_attended(model):
@@ -69,7 +70,7 @@ def test_kv_cached_sampling_matches_full_forward(model):
     seg[:, :40] = 1
     pos = np.tile(np.arange(48), (3, 1)) * seg
     full = np.asarray(fwd(params, tok, seg, pos))
-    np.testing.assert_allclose(full[:, len(prompt):40], np.array(logps)[:, len(prompt):], atol=1e-4)
+    np.testing.assert_allclose(full[:, len(prompt) : 40], np.array(logps)[:, len(prompt) :], atol=1e-4)
     assert sampler.compiled_variants() == 1
 
 

@@ -12,6 +12,7 @@ metrics updated in @on_timer were "not reported": timers never fire in a first b
 `fresh_metrics_per_bundle` drops that cache before every bundle so the tests can read
 every update, as Dataflow reports them.
 """
+
 import collections
 import zlib
 
@@ -23,13 +24,15 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.worker import statesampler
 from apache_beam.testing.test_stream import TestStream as BeamTestStream
 
+from pipelines.metrics import NAMESPACE
 from pipelines.pack_transform import FULL, MAX_WAIT, WINDOW_END, PackTrajectoryGroups, shard_of
 from pipelines.packing_config import PackingConfig
 from pipelines.trajectory import Trajectory
-from trainer import records as R
+from trainer.contracts import records as R
 
-CFG = PackingConfig(buckets=(32, 64), rows=2, max_segments_per_row=2, window_s=10.0, max_wait_s=2.0,
-                    dedup_window_s=600.0)
+CFG = PackingConfig(
+    buckets=(32, 64), rows=2, max_segments_per_row=2, window_s=10.0, max_wait_s=2.0, dedup_window_s=600.0
+)
 MAX_WAIT_S = CFG.max_wait_s
 _OUT: dict[str, list] = collections.defaultdict(list)  # run id -> FlushedRecords (same process)
 
@@ -59,11 +62,19 @@ def traj(tid: str, n: int, finished_at: float = 1.0, advantage: float = 0.5, see
     mask = (rng.random(n) < 0.5).astype(np.uint8)
     mask[0] = 0
     gen = mask == 1
-    return Trajectory(trajectory_id=tid, request_id=tid.split("/")[0], task_id="task",
-                      tokens=rng.integers(0, 1000, n).astype(np.int32), loss_mask=mask,
-                      behaviour_logprobs=np.where(gen, -0.5, 0).astype(np.float32),
-                      policy_versions=np.where(gen, 3, -1).astype(np.int32), reward=1.0, status="finished",
-                      advantage=advantage, finished_at=finished_at)
+    return Trajectory(
+        trajectory_id=tid,
+        request_id=tid.split("/")[0],
+        task_id="task",
+        tokens=rng.integers(0, 1000, n).astype(np.int32),
+        loss_mask=mask,
+        behaviour_logprobs=np.where(gen, -0.5, 0).astype(np.float32),
+        policy_versions=np.where(gen, 3, -1).astype(np.int32),
+        reward=1.0,
+        status="finished",
+        advantage=advantage,
+        finished_at=finished_at,
+    )
 
 
 def group(req: str, lengths, **kw) -> list[Trajectory]:
@@ -82,7 +93,7 @@ def run(stream: BeamTestStream, cfg: PackingConfig = CFG, clock=zero_clock):
     _ = p | stream | PackTrajectoryGroups(cfg, clock=clock, keep_flush_info=True) | beam.Map(_collect, run_id)
     result = p.run()
     result.wait_until_finish()
-    metrics = result.metrics().query(MetricsFilter().with_namespace("rollout"))
+    metrics = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
     counters, dists = collections.Counter(), {}
     for m in metrics["counters"]:
         counters[m.key.metric.name] += m.committed
@@ -109,8 +120,9 @@ def test_full_records_leave_before_any_timer():
     """9 x 16 tokens in bucket 32: two records fill (2 rows x 2 segments) as elements arrive;
     processing time never moves, so only the window end (watermark to infinity) flushes the 9th."""
     groups = [group(f"r{g}", [16, 16, 16]) for g in range(3)]
-    out, counters, dists = run(BeamTestStream().add_elements(groups[:2]).add_elements(groups[2:])
-                               .advance_watermark_to_infinity())
+    out, counters, dists = run(
+        BeamTestStream().add_elements(groups[:2]).add_elements(groups[2:]).advance_watermark_to_infinity()
+    )
     assert by_reason(out) == {FULL: 2, WINDOW_END: 1}
     for f in out:
         if f.reason == FULL:
@@ -123,15 +135,23 @@ def test_full_records_leave_before_any_timer():
 
 
 def test_max_wait_flush():
-    out, counters, _ = run(BeamTestStream().add_elements([group("a", [10, 12])])
-                           .advance_processing_time(MAX_WAIT_S + 0.1).advance_watermark_to_infinity())
+    out, counters, _ = run(
+        BeamTestStream()
+        .add_elements([group("a", [10, 12])])
+        .advance_processing_time(MAX_WAIT_S + 0.1)
+        .advance_watermark_to_infinity()
+    )
     assert [(f.reason, ids(f)) for f in out] == [(MAX_WAIT, {"a/0", "a/1"})]
     assert counters["flush_max_wait"] == 1
 
 
 def test_nothing_flushes_before_max_wait():
-    out, _, _ = run(BeamTestStream().add_elements([group("a", [10])])
-                    .advance_processing_time(MAX_WAIT_S - 0.5).advance_watermark_to_infinity())
+    out, _, _ = run(
+        BeamTestStream()
+        .add_elements([group("a", [10])])
+        .advance_processing_time(MAX_WAIT_S - 0.5)
+        .advance_watermark_to_infinity()
+    )
     assert [f.reason for f in out] == [WINDOW_END]  # the max-wait timer had not fired yet
 
 
@@ -139,9 +159,14 @@ def test_window_end_flushes_before_max_wait():
     """a/* finished in window [0, 10). Passing the watermark over 10 flushes them while
     processing time is still 0; b/0 (window [10, 20)) waits for its own max-wait."""
     a, b = group("a", [10, 12], finished_at=3.0), group("b", [8], finished_at=12.0)
-    out, counters, _ = run(BeamTestStream().add_elements([a]).advance_watermark_to(10.0)
-                           .add_elements([b]).advance_processing_time(MAX_WAIT_S + 0.1)
-                           .advance_watermark_to_infinity())
+    out, counters, _ = run(
+        BeamTestStream()
+        .add_elements([a])
+        .advance_watermark_to(10.0)
+        .add_elements([b])
+        .advance_processing_time(MAX_WAIT_S + 0.1)
+        .advance_watermark_to_infinity()
+    )
     assert [(f.reason, ids(f)) for f in out] == [(WINDOW_END, {"a/0", "a/1"}), (MAX_WAIT, {"b/0"})]
     assert counters["flush_window_end"] == 1 and counters["flush_max_wait"] == 1
 
@@ -151,8 +176,13 @@ def test_late_trajectories_are_packed_not_dropped():
     closed) arrive, plus one without finished_at (stamped by the clock: 0, also late).
     They are packed and flushed at once by the window-end timer, already due."""
     late = group("late", [10, 10], finished_at=5.0) + group("unset", [6], finished_at=0.0)
-    out, counters, _ = run(BeamTestStream().advance_watermark_to(100.0).add_elements([late])
-                           .advance_watermark_to(101.0).advance_watermark_to_infinity())
+    out, counters, _ = run(
+        BeamTestStream()
+        .advance_watermark_to(100.0)
+        .add_elements([late])
+        .advance_watermark_to(101.0)
+        .advance_watermark_to_infinity()
+    )
     assert sorted(i for f in out for i in ids(f)) == ["late/0", "late/1", "unset/0"]
     assert {f.reason for f in out} == {WINDOW_END}
     assert counters["dedup_out"] == 3
@@ -199,8 +229,14 @@ def test_duplicates_are_dropped_and_counted(content_dedup):
     cfg = PackingConfig(**{**vars(CFG), "content_dedup": content_dedup})
     g = group("d", [9, 7])
     copy = Trajectory(**{**vars(g[0]), "trajectory_id": "copy/0"})  # same tokens + mask, new id
-    stream = (BeamTestStream().add_elements([g, g]).add_elements([[g[1], copy]])
-              .advance_processing_time(MAX_WAIT_S + 1).add_elements([g]).advance_watermark_to_infinity())
+    stream = (
+        BeamTestStream()
+        .add_elements([g, g])
+        .add_elements([[g[1], copy]])
+        .advance_processing_time(MAX_WAIT_S + 1)
+        .add_elements([g])
+        .advance_watermark_to_infinity()
+    )
     out, counters, _ = run(stream, cfg)
     kept = sorted(i for f in out for i in ids(f))
     assert kept == (["d/0", "d/1"] if content_dedup else ["copy/0", "d/0", "d/1"])
@@ -229,7 +265,9 @@ def test_overlong_trajectories(overlong):
 def test_flush_latency_is_emit_time_minus_oldest_finish():
     """The clock reads 50 s; of two trajectories in window [10, 20) the older finished at 10 s: 40,000 ms."""
     g = group("l", [8], finished_at=10.0) + group("m", [8], finished_at=15.0)
-    out, _, dists = run(BeamTestStream().add_elements([g]).advance_processing_time(60.0)
-                        .advance_watermark_to_infinity(), clock=fifty_clock)
+    out, _, dists = run(
+        BeamTestStream().add_elements([g]).advance_processing_time(60.0).advance_watermark_to_infinity(),
+        clock=fifty_clock,
+    )
     assert [(f.reason, f.latency_ms) for f in out] == [(MAX_WAIT, 40_000)]
     assert (dists["flush_latency_ms"].count, dists["flush_latency_ms"].max) == (1, 40_000)

@@ -4,17 +4,19 @@ Property tests over random trajectories check every invariant of the packed-reco
 contract against the trajectories that went in, plus the streaming step
 (`take_full_records`) and deterministic record ids.
 """
+
 import collections
 import random
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipelines.packing import build_record, first_fit_decreasing, pack, take_full_records
 from pipelines.trajectory import Trajectory
-from trainer import records as R
-from trainer.config import RecordShape
+from trainer.contracts import records as R
+from trainer.contracts.record_shape import RecordShape
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -35,16 +37,24 @@ def make_trajectory(i: int, n: int, seed: int, garbage_off_mask: bool = True) ->
         versions = np.where(gen, versions, -1).astype(np.int32)
     adv = float(rng.choice([0.0, rng.normal(), -abs(rng.normal()) * 3]))
     return Trajectory(
-        trajectory_id=f"req{i // 4}/{i % 4}", request_id=f"req{i // 4}", task_id=f"task{i}",
-        tokens=rng.integers(0, 50_000, n).astype(np.int32), loss_mask=mask,
-        behaviour_logprobs=logp, policy_versions=versions, reward=float(rng.normal()),
-        status=str(rng.choice(["finished", "truncated", "env_error", "timeout"])), advantage=adv)
+        trajectory_id=f"req{i // 4}/{i % 4}",
+        request_id=f"req{i // 4}",
+        task_id=f"task{i}",
+        tokens=rng.integers(0, 50_000, n).astype(np.int32),
+        loss_mask=mask,
+        behaviour_logprobs=logp,
+        policy_versions=versions,
+        reward=float(rng.normal()),
+        status=str(rng.choice(["finished", "truncated", "env_error", "timeout"])),
+        advantage=adv,
+    )
 
 
 @st.composite
 def shapes(draw):
-    return RecordShape(rows=draw(st.integers(2, 4)), seq_len=draw(st.integers(16, 64)),
-                       max_segments_per_row=draw(st.integers(1, 3)))
+    return RecordShape(
+        rows=draw(st.integers(2, 4)), seq_len=draw(st.integers(16, 64)), max_segments_per_row=draw(st.integers(1, 3))
+    )
 
 
 @st.composite
@@ -89,7 +99,7 @@ def check_record(rec: R.PackedRecord, shape: RecordShape, by_id: dict) -> list[t
         assert k <= shape.max_segments_per_row
         runs = [int(v) for j, v in enumerate(ids) if j == 0 or ids[j - 1] != v]
         assert runs == list(range(1, k + 1)), f"row {r} segment runs {runs}"
-        assert (seg[r][: ids.size] > 0).all() and (seg[r][ids.size:] == 0).all()
+        assert (seg[r][: ids.size] > 0).all() and (seg[r][ids.size :] == 0).all()
         for s in range(1, k + 1):
             cols = np.nonzero(seg[r] == s)[0]
             info = infos.pop((r, s))
@@ -101,10 +111,12 @@ def check_record(rec: R.PackedRecord, shape: RecordShape, by_id: dict) -> list[t
             np.testing.assert_array_equal(rec.tokens[r, cols], t.tokens)
             np.testing.assert_array_equal(mask[r, cols], t.loss_mask)
             gen = t.loss_mask == 1
-            np.testing.assert_array_equal(rec.behaviour_logprobs[r, cols],
-                                          np.where(gen, t.behaviour_logprobs, 0).astype(np.float32))
-            np.testing.assert_array_equal(rec.advantages[r, cols],
-                                          np.where(gen, np.float32(t.advantage), 0).astype(np.float32))
+            np.testing.assert_array_equal(
+                rec.behaviour_logprobs[r, cols], np.where(gen, t.behaviour_logprobs, 0).astype(np.float32)
+            )
+            np.testing.assert_array_equal(
+                rec.advantages[r, cols], np.where(gen, np.float32(t.advantage), 0).astype(np.float32)
+            )
             np.testing.assert_array_equal(rec.policy_versions[r, cols], np.where(gen, t.policy_versions, -1))
             triples += [(t.trajectory_id, p, int(tok)) for p, tok in enumerate(rec.tokens[r, cols])]
     assert not infos, f"TrajectoryInfo entries without a segment: {infos}"
@@ -180,7 +192,11 @@ def test_pack_by_hand():
     assert len(recs) == 2
     first, second = recs
     assert [(t.trajectory_id, t.row, t.segment, t.num_tokens) for t in first.trajectories] == [
-        ("req0/0", 0, 1, 10), ("req0/1", 0, 2, 6), ("req0/2", 1, 1, 6), ("req0/3", 1, 2, 4)]
+        ("req0/0", 0, 1, 10),
+        ("req0/1", 0, 2, 6),
+        ("req0/2", 1, 1, 6),
+        ("req0/3", 1, 2, 4),
+    ]
     np.testing.assert_array_equal(first.segment_ids[0], [1] * 10 + [2] * 6)
     np.testing.assert_array_equal(first.positions[0], list(range(10)) + list(range(6)))
     np.testing.assert_array_equal(first.segment_ids[1], [1] * 6 + [2] * 4 + [0] * 6)
@@ -203,8 +219,17 @@ def test_trajectory_longer_than_a_row_is_refused_clearly():
 
 def test_trajectory_refuses_mismatched_lengths():
     with pytest.raises(ValueError, match="loss_mask has 2 entries, tokens has 3"):
-        Trajectory("r/0", "r", "t", np.zeros(3, np.int32), np.zeros(2, np.uint8), np.zeros(3, np.float32),
-                   np.full(3, -1, np.int32), 0.0, "finished")
+        Trajectory(
+            "r/0",
+            "r",
+            "t",
+            np.zeros(3, np.int32),
+            np.zeros(2, np.uint8),
+            np.zeros(3, np.float32),
+            np.full(3, -1, np.int32),
+            0.0,
+            "finished",
+        )
 
 
 # ----------------------------------------------------------------------------- record ids
@@ -265,7 +290,8 @@ def test_take_full_records_keeps_everything_and_only_emits_full_records(case):
     out = check_records(ready, shape, trajs) + token_multiset(rest)
     assert out == token_multiset(trajs)
     assert sorted(t.trajectory_id for t in rest) == sorted(
-        set(t.trajectory_id for t in trajs) - {i.trajectory_id for r in ready for i in r.trajectories})
+        set(t.trajectory_id for t in trajs) - {i.trajectory_id for r in ready for i in r.trajectories}
+    )
 
     bins = first_fit_decreasing([len(t) for t in trajs], shape.seq_len, shape.max_segments_per_row)
     overflow = len(bins) > shape.rows

@@ -1,5 +1,6 @@
 """Environments from separate packages, found through the `agentic_rl.environments` entry
 point group: installed for real with pip (offline) and loaded in a fresh interpreter."""
+
 import base64
 import hashlib
 import json
@@ -54,8 +55,7 @@ PLUGIN_SOURCE = textwrap.dedent('''
 ''')
 
 
-def _write_wheel(out_dir: pathlib.Path, dist: str, files: dict[str, str],
-                 entry_points: dict[str, str]) -> pathlib.Path:
+def _write_wheel(out_dir: pathlib.Path, dist: str, files: dict[str, str], entry_points: dict[str, str]) -> pathlib.Path:
     """A minimal, valid pure-Python wheel, as a build backend would write it.
 
     Hand-made because the venv's setuptools (65) needs the `wheel` package to build one,
@@ -63,11 +63,12 @@ def _write_wheel(out_dir: pathlib.Path, dist: str, files: dict[str, str],
     """
     info = f"{dist}-0.1.0.dist-info"
     eps = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
-    files = {**files,
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                              "Tag: py3-none-any\n",
-             f"{info}/entry_points.txt": f"[{ENTRY_POINT_GROUP}]\n{eps}"}
+    files = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/entry_points.txt": f"[{ENTRY_POINT_GROUP}]\n{eps}",
+    }
     record = []
     for path, text in files.items():
         data = text.encode()
@@ -85,18 +86,35 @@ def _write_wheel(out_dir: pathlib.Path, dist: str, files: dict[str, str],
 def plugin_site(tmp_path_factory) -> pathlib.Path:
     """Two plugin distributions pip-installed into a private site dir, no network."""
     tmp = tmp_path_factory.mktemp("plugins")
-    good = _write_wheel(tmp, "my_plugin_env", {"my_plugin_env/__init__.py": PLUGIN_SOURCE},
-                        {"my_plugin": "my_plugin_env:make_env"})
+    good = _write_wheel(
+        tmp, "my_plugin_env", {"my_plugin_env/__init__.py": PLUGIN_SOURCE}, {"my_plugin": "my_plugin_env:make_env"}
+    )
     broken = _write_wheel(
-        tmp, "broken_plugin_env",
+        tmp,
+        "broken_plugin_env",
         {"broken_plugin_env/__init__.py": "raise ImportError('plugin is broken on purpose')\n"},
-        {"broken_plugin": "broken_plugin_env:make_env",
-         "missing_attr": "my_plugin_env:no_such_factory"})
+        {"broken_plugin": "broken_plugin_env:make_env", "missing_attr": "my_plugin_env:no_such_factory"},
+    )
     site = tmp / "site"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-input",
-         "--disable-pip-version-check", "--target", str(site), str(good), str(broken)],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(good),
+            str(broken),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (site / "my_plugin_env-0.1.0.dist-info" / "entry_points.txt").exists()
     return site
@@ -129,8 +147,7 @@ RUN_PLUGIN = textwrap.dedent("""
 
 def _run(code: str, site: pathlib.Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -156,6 +173,5 @@ def test_broken_plugins_are_skipped_with_a_warning(plugin_site):
 
 
 def test_without_the_plugin_site_nothing_extra_loads(tmp_path):
-    out = _run("import json, environments; print(json.dumps("
-               "{'loaded': environments.load_entry_points()}))", tmp_path)
+    out = _run("import json, environments; print(json.dumps({'loaded': environments.load_entry_points()}))", tmp_path)
     assert "my_plugin" not in out["loaded"] and "broken_plugin" not in out["loaded"]

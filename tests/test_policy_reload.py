@@ -1,4 +1,5 @@
 """Rollout workers' policy reload against a real on-disk store."""
+
 import asyncio
 
 import jax
@@ -10,10 +11,10 @@ import environments
 from pipelines.engine import InferenceEngine
 from pipelines.episodes import EpisodeLimits, run_group
 from pipelines.policy import PolicyHandle
-from trainer.config import ModelConfig
-from trainer.model import init_model, split_params
-from trainer.sampling import Sampler
-from trainer.store import PolicyStore
+from trainer.contracts.store import PolicyStore
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params
+from trainer.policy.sampling import Sampler
 
 CFG = ModelConfig(max_seq_len=128)
 

@@ -1,4 +1,5 @@
 """Policy store on real disk with real Orbax: readers only ever see whole versions."""
+
 import json
 import os
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from _trees import abstract, assert_tree_equal, params_for
 
-from trainer.store import LATEST, METADATA, PolicyStore, StoreError
+from trainer.contracts.store import LATEST, METADATA, PolicyStore, StoreError
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
 """Real tests against the real Pub/Sub emulator (no mocks)."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ from localstack.pubsub_emulator import (
     EmulatorUnavailable,
     PubSubEmulator,
 )
-from trainer import pubsub_io
+from trainer.contracts import pubsub_io
 
 
 @pytest.fixture
@@ -66,10 +67,10 @@ def test_create_is_idempotent_and_paths_match(pubsub_emulator, unique_name):
     name, sub_name = unique_name("topic"), unique_name("sub")
     topic = pubsub_emulator.create_topic(name)
     assert pubsub_emulator.create_topic(name) == topic
-    assert topic == pubsub_io.topic_path(DEFAULT_PROJECT, name)
+    assert topic == f"projects/{DEFAULT_PROJECT}/topics/{name}"
     sub = pubsub_emulator.create_subscription(sub_name, name)
     assert pubsub_emulator.create_subscription(sub_name, topic) == sub
-    assert sub == pubsub_io.subscription_path(DEFAULT_PROJECT, sub_name)
+    assert sub == f"projects/{DEFAULT_PROJECT}/subscriptions/{sub_name}"
     with pytest.raises(ValueError, match="3 characters"):
         pubsub_emulator.create_topic("ab")
 
@@ -161,12 +162,11 @@ def test_taken_port_fails_fast_and_leaves_no_process(tmp_path):
         port = holder.getsockname()[1]
         emu = PubSubEmulator(log_dir=tmp_path, port=port, startup_timeout_s=60)
         start = time.monotonic()
-        with pytest.raises(EmulatorStartError, match="BindException|already in use"):
+        with pytest.raises(EmulatorStartError, match=r"BindException|already in use"):
             emu.start()
     assert time.monotonic() - start < 30
     assert emu.pid is None
-    ours = [p.pid for p in psutil.process_iter(["cmdline"])
-            if f"--port={port}" in " ".join(p.info["cmdline"] or [])]
+    ours = [p.pid for p in psutil.process_iter(["cmdline"]) if f"--port={port}" in " ".join(p.info["cmdline"] or [])]
     assert _gone_or_zombie(ours) == []
 
 

@@ -1,13 +1,15 @@
 """Packed-record schema: round trips, and strict, clear rejection of bad input."""
+
 import json
 import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from trainer import records as R
-from trainer.records import PackedRecord, RecordError, TrajectoryInfo
+from trainer.contracts import records as R
+from trainer.contracts.records import PackedRecord, RecordError, TrajectoryInfo
 
 
 def make_record(seed: int, rows: int, seq_len: int, record_id: str = "rec-0") -> PackedRecord:
@@ -217,8 +219,11 @@ def test_rejects_inconsistent_trajectories():
 @pytest.mark.parametrize("field,value", [("reward", "1.5"), ("row", True), ("trajectory_id", 7), ("status", None)])
 def test_rejects_mistyped_trajectory_fields(field, value):
     data = R.encode(make_record(2, 2, 32))
-    raises(rf"trajectory.*{field}|{field}.*must", R.decode,
-           rewrite_header(data, lambda h: h["trajectories"][0].update({field: value})))
+    raises(
+        rf"trajectory.*{field}|{field}.*must",
+        R.decode,
+        rewrite_header(data, lambda h: h["trajectories"][0].update({field: value})),
+    )
 
 
 @pytest.mark.parametrize("name", ["behaviour_logprobs", "advantages"])
@@ -239,12 +244,15 @@ def _break_padding_position(rec):
     rec.positions[0, -1] = 4
 
 
-@pytest.mark.parametrize("breaker,match", [
-    (lambda r: r.segment_ids.__setitem__((0, 0), -1), r"segment_ids must be >= 0"),
-    (lambda r: r.loss_mask.__setitem__((0, 1), 2), r"loss_mask values must be 0 or 1"),
-    (lambda r: r.tokens.__setitem__((0, 0), -3), r"tokens must be >= 0"),
-    (_break_padding_position, r"positions must be 0 on padding"),
-])
+@pytest.mark.parametrize(
+    "breaker,match",
+    [
+        (lambda r: r.segment_ids.__setitem__((0, 0), -1), r"segment_ids must be >= 0"),
+        (lambda r: r.loss_mask.__setitem__((0, 1), 2), r"loss_mask values must be 0 or 1"),
+        (lambda r: r.tokens.__setitem__((0, 0), -3), r"tokens must be >= 0"),
+        (_break_padding_position, r"positions must be 0 on padding"),
+    ],
+)
 def test_rejects_other_invariant_violations(breaker, match):
     rec = make_record(11, 2, 32)
     breaker(rec)

@@ -1,5 +1,6 @@
 """The rollout pipeline alone, as a real streaming job on the emulator: good requests
 become fixed-shape records, bad ones become dead letters with a reason."""
+
 import json
 import sys
 import time
@@ -9,13 +10,13 @@ from flax import nnx
 
 import environments
 from localstack.processes import ProcessGroup
-from trainer import pubsub_io
-from trainer.config import ModelConfig
-from trainer.consumer import RecordConsumer
-from trainer.model import init_model, split_params
-from trainer.records import decode
-from trainer.rollout_request import RolloutRequest
-from trainer.store import PolicyStore
+from trainer.contracts import pubsub_io
+from trainer.contracts.records import decode
+from trainer.contracts.rollout_request import RolloutRequest
+from trainer.contracts.store import PolicyStore
+from trainer.learning.consumer import RecordConsumer
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params
 
 
 def _pull_until(sub, path, n, timeout_s):
@@ -33,11 +34,24 @@ def _setup(emu, unique_name, tmp_path, *extra_flags):
     subs = {k: emu.create_subscription(v + "-sub", v) for k, v in names.items()}
     store = PolicyStore(str(tmp_path / "store"))
     store.publish(0, nnx.to_pure_dict(split_params(init_model(ModelConfig(), 0))[1]))
-    cmd = [sys.executable, "-m", "pipelines.rollout", "--runner=BundleBasedDirectRunner", "--streaming",
-           f"--project={emu.project}", f"--requests_subscription={subs['requests']}",
-           f"--records_topic={topics['records']}", f"--dead_letter_topic={topics['dead']}",
-           f"--policy_root={store.root}", "--rows=2", "--seq_len=256", "--engine_slots=8",
-           "--max_wait_s=0.5", "--commit_interval_s=0.1", *extra_flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.rollout",
+        "--runner=BundleBasedDirectRunner",
+        "--streaming",
+        f"--project={emu.project}",
+        f"--requests_subscription={subs['requests']}",
+        f"--records_topic={topics['records']}",
+        f"--dead_letter_topic={topics['dead']}",
+        f"--policy_root={store.root}",
+        "--rows=2",
+        "--seq_len=256",
+        "--engine_slots=8",
+        "--max_wait_s=0.5",
+        "--commit_interval_s=0.1",
+        *extra_flags,
+    ]
     return topics, subs, cmd
 
 
@@ -47,7 +61,9 @@ def test_requests_in_records_and_dead_letters_out(pubsub_emulator, unique_name, 
     topics, subs, cmd = _setup(emu, unique_name, tmp_path)
     pub = pubsub_io.publisher_client()
     task = environments.generate_tasks(0, 2, "test")
-    good = [RolloutRequest(f"good-{i}", "calculator", t.to_json_dict(), 4, {"max_turns": 2}) for i, t in enumerate(task)]
+    good = [
+        RolloutRequest(f"good-{i}", "calculator", t.to_json_dict(), 4, {"max_turns": 2}) for i, t in enumerate(task)
+    ]
     bad = {
         b"not json": "not JSON",
         RolloutRequest("unknown-env", "no_such_env", task[0].to_json_dict(), 2).to_bytes(): "KeyError",

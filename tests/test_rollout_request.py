@@ -1,17 +1,24 @@
 """Rollout requests: round trip, and every malformed message is a RequestError (so the
 pipeline dead-letters it) rather than a crash."""
+
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from trainer.rollout_request import MAX_REQUEST_BYTES, REQUEST_SCHEMA_VERSION, RequestError, RolloutRequest
+from trainer.contracts.rollout_request import MAX_REQUEST_BYTES, REQUEST_SCHEMA_VERSION, RequestError, RolloutRequest
 
 
 def valid(**over) -> dict:
-    obj = {"schema_version": REQUEST_SCHEMA_VERSION, "request_id": "run1-0000042", "env": "calculator",
-           "task": {"task_id": "t-7", "prompt": "2+3*4", "answer": "14"}, "group_size": 4,
-           "env_config": {"max_turns": 3}}
+    obj = {
+        "schema_version": REQUEST_SCHEMA_VERSION,
+        "request_id": "run1-0000042",
+        "env": "calculator",
+        "task": {"task_id": "t-7", "prompt": "2+3*4", "answer": "14"},
+        "group_size": 4,
+        "env_config": {"max_turns": 3},
+    }
     obj.update(over)
     return obj
 
@@ -26,8 +33,13 @@ def rejects(data: bytes, match: str | None = None):
 
 
 def test_round_trip():
-    req = RolloutRequest(request_id="r-1", env="calculator", task={"prompt": "1+1", "nested": [1, {"a": None}]},
-                         group_size=8, env_config={"seed": 3})
+    req = RolloutRequest(
+        request_id="r-1",
+        env="calculator",
+        task={"prompt": "1+1", "nested": [1, {"a": None}]},
+        group_size=8,
+        env_config={"seed": 3},
+    )
     data = req.to_bytes()
     assert json.loads(data)["schema_version"] == REQUEST_SCHEMA_VERSION
     back = RolloutRequest.from_bytes(data)
@@ -47,8 +59,9 @@ def test_unicode_round_trip():
     assert RolloutRequest.from_bytes(req.to_bytes()) == req
 
 
-@pytest.mark.parametrize("data", [b"", b"not json", b"{", b"\xff\xfe\x00garbage", b"{'single': 'quotes'}",
-                                  b"\x80\x81\x82", b'{"a": NaN'])
+@pytest.mark.parametrize(
+    "data", [b"", b"not json", b"{", b"\xff\xfe\x00garbage", b"{'single': 'quotes'}", b"\x80\x81\x82", b'{"a": NaN']
+)
 def test_rejects_non_json(data):
     rejects(data, "not JSON")
 
@@ -91,15 +104,18 @@ def test_rejects_bad_group_size(group_size):
     rejects(enc(valid(group_size=group_size)), "group_size")
 
 
-@pytest.mark.parametrize("over", [{"request_id": ""}, {"request_id": 7}, {"request_id": None}, {"env": 3},
-                                  {"env": None}, {"env": ""}])
+@pytest.mark.parametrize(
+    "over", [{"request_id": ""}, {"request_id": 7}, {"request_id": None}, {"env": 3}, {"env": None}, {"env": ""}]
+)
 def test_rejects_bad_ids(over):
     """request_id and env must be non-empty strings (the error message says so)."""
     rejects(enc(valid(**over)), "non-empty strings")
 
 
-@pytest.mark.parametrize("over", [{"task": []}, {"task": "prompt"}, {"task": None}, {"env_config": []},
-                                  {"env_config": None}, {"env_config": "x"}])
+@pytest.mark.parametrize(
+    "over",
+    [{"task": []}, {"task": "prompt"}, {"task": None}, {"env_config": []}, {"env_config": None}, {"env_config": "x"}],
+)
 def test_rejects_non_object_task_or_config(over):
     rejects(enc(valid(**over)), "JSON objects")
 
@@ -125,8 +141,13 @@ def test_deeply_nested_json_under_the_size_cap_is_a_request_error(depth):
 
 def test_deeply_nested_task_is_a_request_error():
     levels = 5_000
-    data = (b'{"schema_version": 1, "request_id": "r", "env": "e", "group_size": 2, "task": '
-            + b'{"a": ' * levels + b"1" + b"}" * levels + b"}")
+    data = (
+        b'{"schema_version": 1, "request_id": "r", "env": "e", "group_size": 2, "task": '
+        + b'{"a": ' * levels
+        + b"1"
+        + b"}" * levels
+        + b"}"
+    )
     assert len(data) <= MAX_REQUEST_BYTES
     rejects(data)
 
@@ -149,22 +170,31 @@ def test_arbitrary_bytes_only_raise_request_error(data):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 10) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 10)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.dictionaries(
-    st.sampled_from(["schema_version", "request_id", "env", "task", "group_size", "env_config", "extra"]),
-    json_values | st.just(1) | st.just({}), max_size=7))
+@given(
+    st.dictionaries(
+        st.sampled_from(["schema_version", "request_id", "env", "task", "group_size", "env_config", "extra"]),
+        json_values | st.just(1) | st.just({}),
+        max_size=7,
+    )
+)
 def test_arbitrary_json_objects_only_raise_request_error(obj):
     _fuzz(enc(obj))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from(["request_id", "env", "task", "group_size", "env_config"]),
-                       json_values, max_size=5))
+@given(
+    st.dictionaries(st.sampled_from(["request_id", "env", "task", "group_size", "env_config"]), json_values, max_size=5)
+)
 def test_near_valid_requests_only_raise_request_error(over):
     _fuzz(enc(valid(**over)))

@@ -4,6 +4,7 @@ Every test asserts the concrete outcome (status, time bound, exit code or signal
 the calling process is healthy afterwards: it can still fork, and no process of ours or
 of a sandbox uid survives. Slow ones (wall-clock kills) carry a pytest timeout.
 """
+
 import asyncio
 import logging
 import os
@@ -23,10 +24,12 @@ from environments.sandbox import SandboxLimits, run_python, run_python_async
 pytestmark = pytest.mark.skipif(S.BWRAP_PATH is None, reason="bubblewrap is not installed")
 FAST = SandboxLimits(wall_seconds=2)
 # Forks sleeping children until refused: how many can it really have at once?
-FORK_COUNT = ("import os, time\nok = fail = 0\nfor _ in range(100):\n    try:\n"
-              "        pid = os.fork()\n    except OSError:\n        fail += 1\n        continue\n"
-              "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    ok += 1\n"
-              "print(ok, fail)")
+FORK_COUNT = (
+    "import os, time\nok = fail = 0\nfor _ in range(100):\n    try:\n"
+    "        pid = os.fork()\n    except OSError:\n        fail += 1\n        continue\n"
+    "    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    ok += 1\n"
+    "print(ok, fail)"
+)
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -48,8 +51,9 @@ def _sandbox_process(p) -> bool:
 def strays() -> list:
     me = psutil.Process()
     kids = [p for p in me.children(recursive=True) if _alive(p) and _sandbox_process(p)]
-    sandboxed = [p for p in psutil.process_iter(["uids"])
-                 if p.info["uids"] and p.info["uids"].real >= S._UID_BASE and _alive(p)]
+    sandboxed = [
+        p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real >= S._UID_BASE and _alive(p)
+    ]
     return kids + sandboxed
 
 
@@ -58,15 +62,17 @@ def assert_healthy() -> None:
     while strays() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert strays() == []
-    out = subprocess.run([sys.executable, "-c", "print(6*7)"], capture_output=True, text=True,
-                         timeout=30)
+    out = subprocess.run([sys.executable, "-c", "print(6*7)"], capture_output=True, text=True, timeout=30)
     assert out.stdout == "42\n"
 
 
 def test_plain_program_runs_isolated_as_nobody_in_tmp():
-    r = run_python("import os, sys\nprint(os.getuid(), os.getcwd(), sorted(os.listdir('.')))\n"
-                   "print(sys.stdin.read(), open('data.txt').read())\nprint('e', file=sys.stderr)",
-                   stdin="in" * 20_000, files={"data.txt": "hello"})
+    r = run_python(
+        "import os, sys\nprint(os.getuid(), os.getcwd(), sorted(os.listdir('.')))\n"
+        "print(sys.stdin.read(), open('data.txt').read())\nprint('e', file=sys.stderr)",
+        stdin="in" * 20_000,
+        files={"data.txt": "hello"},
+    )
     assert (r.status, r.exit_code, r.signal, r.isolated, r.warnings) == ("ok", 0, None, True, [])
     first, second = r.stdout.splitlines()
     assert first == "65534 /tmp ['data.txt', 'main.py']"
@@ -89,8 +95,9 @@ def test_fork_bomb_is_held_by_the_process_limit():
     assert r.status == "ok" and ok == SandboxLimits().max_processes - 1 and fail > 0
     # The real thing: every process forks forever. Bounded by the wall-clock kill.
     t = time.monotonic()
-    r = run_python("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
-                   "        pass", limits=FAST)
+    r = run_python(
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", limits=FAST
+    )
     assert r.status == "timeout" and r.timed_out and time.monotonic() - t < 5
     assert_healthy()
 
@@ -98,8 +105,7 @@ def test_fork_bomb_is_held_by_the_process_limit():
 @pytest.mark.timeout(30)
 def test_ctypes_fork_loop_is_held_too():
     t = time.monotonic()
-    r = run_python("import ctypes\nlibc = ctypes.CDLL(None)\nwhile True:\n    libc.fork()",
-                   limits=FAST)
+    r = run_python("import ctypes\nlibc = ctypes.CDLL(None)\nwhile True:\n    libc.fork()", limits=FAST)
     assert r.status == "timeout" and time.monotonic() - t < 5
     assert_healthy()
 
@@ -110,8 +116,10 @@ def test_ctypes_segfault_is_a_reported_signal():
     assert_healthy()
 
 
-@pytest.mark.parametrize("bomb", ["x = bytearray(10 * 1024**3)", "x = 'a' * (10 * 1024**3)",
-                                  "a = []\nwhile True:\n    a.append(bytearray(10**7))"])
+@pytest.mark.parametrize(
+    "bomb",
+    ["x = bytearray(10 * 1024**3)", "x = 'a' * (10 * 1024**3)", "a = []\nwhile True:\n    a.append(bytearray(10**7))"],
+)
 def test_memory_bomb_fails_fast_without_touching_the_host(bomb):
     rss = psutil.Process().memory_info().rss
     r = run_python(bomb)
@@ -143,11 +151,13 @@ def test_no_network_even_to_a_server_on_loopback():
     server.setblocking(False)
     port = server.getsockname()[1]
     try:
-        r = run_python(f"import socket\nfor fam, addr in [(socket.AF_INET, ('127.0.0.1', {port})),"
-                       f" (socket.AF_INET, ('8.8.8.8', 53))]:\n"
-                       "    s = socket.socket(fam)\n    s.settimeout(1)\n    try:\n"
-                       "        s.connect(addr)\n        print('CONNECTED')\n"
-                       "    except OSError as e:\n        print(type(e).__name__)")
+        r = run_python(
+            f"import socket\nfor fam, addr in [(socket.AF_INET, ('127.0.0.1', {port})),"
+            f" (socket.AF_INET, ('8.8.8.8', 53))]:\n"
+            "    s = socket.socket(fam)\n    s.settimeout(1)\n    try:\n"
+            "        s.connect(addr)\n        print('CONNECTED')\n"
+            "    except OSError as e:\n        print(type(e).__name__)"
+        )
         assert r.status == "ok" and "CONNECTED" not in r.stdout
         assert r.stdout.split() == ["ConnectionRefusedError", "OSError"]
         with pytest.raises(BlockingIOError):  # nobody ever knocked
@@ -159,11 +169,20 @@ def test_no_network_even_to_a_server_on_loopback():
 
 def test_cannot_write_outside_its_tmp(tmp_path):
     name = f"escape-{uuid.uuid4().hex}"
-    targets = [f"/work/{name}", f"/root/{name}", f"/usr/{name}", f"/{name}",
-               f"{tmp_path}/{name}", f"/dev/shm/{name}", f"/tmp/../{name}"]
-    r = run_python(f"for p in {targets!r} + ['/tmp/ok']:\n    try:\n"
-                   "        open(p, 'w').write('pwned')\n        print('WROTE', p)\n"
-                   "    except OSError as e:\n        print('no', p)")
+    targets = [
+        f"/work/{name}",
+        f"/root/{name}",
+        f"/usr/{name}",
+        f"/{name}",
+        f"{tmp_path}/{name}",
+        f"/dev/shm/{name}",
+        f"/tmp/../{name}",
+    ]
+    r = run_python(
+        f"for p in {targets!r} + ['/tmp/ok']:\n    try:\n"
+        "        open(p, 'w').write('pwned')\n        print('WROTE', p)\n"
+        "    except OSError as e:\n        print('no', p)"
+    )
     assert r.stdout.splitlines() == [f"no {p}" for p in targets] + ["WROTE /tmp/ok"]
     assert not any(os.path.exists(p) for p in targets)
     assert not os.path.exists("/tmp/ok")  # its /tmp was private
@@ -175,10 +194,11 @@ def test_cannot_read_host_files(tmp_path):
     secret.write_text("TOP-SECRET-" + uuid.uuid4().hex)
     os.chmod(tmp_path, 0o755)
     os.chmod(secret, 0o644)  # world-readable on the host: only the mount namespace stops it
-    paths = [str(secret), "/work/main/README.md", "/etc/passwd", "/proc/1/environ",
-             "/root/.bashrc"]
-    r = run_python(f"for p in {paths!r}:\n    try:\n        print('READ', open(p).read())\n"
-                   "    except OSError as e:\n        print('no', p)")
+    paths = [str(secret), "/work/main/README.md", "/etc/passwd", "/proc/1/environ", "/root/.bashrc"]
+    r = run_python(
+        f"for p in {paths!r}:\n    try:\n        print('READ', open(p).read())\n"
+        "    except OSError as e:\n        print('no', p)"
+    )
     assert r.stdout.splitlines() == [f"no {p}" for p in paths]
     assert "TOP-SECRET" not in r.stdout + r.stderr
     assert_healthy()
@@ -199,8 +219,7 @@ def test_gigabytes_of_output_are_cut_off(stream):
     assert_healthy()
 
 
-@pytest.mark.parametrize("attack", ["os.kill(os.getppid(), 9)", "os.killpg(0, 9)",
-                                    "os.kill(1, 9)", "os.kill(-1, 9)"])
+@pytest.mark.parametrize("attack", ["os.kill(os.getppid(), 9)", "os.killpg(0, 9)", "os.kill(1, 9)", "os.kill(-1, 9)"])
 def test_killing_its_parent_or_everyone_leaves_the_caller_alone(attack):
     me = os.getpid()
     r = run_python(f"import os\nprint(os.getppid())\n{attack}\nprint('survived')")
@@ -227,8 +246,9 @@ def test_async_runs_do_not_block_the_event_loop():
                 ticks += 1
 
         task = asyncio.create_task(ticker())
-        results = await asyncio.gather(*[run_python_async("import time\ntime.sleep(0.5)\n"
-                                                          "print('done')") for _ in range(3)])
+        results = await asyncio.gather(
+            *[run_python_async("import time\ntime.sleep(0.5)\nprint('done')") for _ in range(3)]
+        )
         task.cancel()
         return ticks, results
 
@@ -245,12 +265,14 @@ def test_fallback_without_bwrap_warns_and_still_bounds_the_program(caplog):
     assert (r.status, r.stdout, r.isolated) == ("ok", "hi\n", False)
     assert r.warnings and "WITHOUT isolation" in r.warnings[0]
     assert "WITHOUT isolation" in caplog.text
-    r = run_python("import time\ntime.sleep(1000)", limits=SandboxLimits(wall_seconds=1),
-                   bwrap=None)
+    r = run_python("import time\ntime.sleep(1000)", limits=SandboxLimits(wall_seconds=1), bwrap=None)
     assert r.status == "timeout" and r.wall_s < 3 and not r.isolated
     if os.geteuid() == 0:  # the throwaway uid makes RLIMIT_NPROC bind here too
-        r = run_python("import os\nwhile True:\n    try:\n        os.fork()\n"
-                       "    except OSError:\n        pass", limits=FAST, bwrap=None)
+        r = run_python(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            limits=FAST,
+            bwrap=None,
+        )
         assert r.status == "timeout"
     assert_healthy()
 
@@ -259,8 +281,10 @@ def test_fallback_without_bwrap_warns_and_still_bounds_the_program(caplog):
 def test_rlimits_hold_without_prlimit_too(monkeypatch, bwrap):
     # Without util-linux the limits are set by a preexec_fn (and the uid by Popen).
     monkeypatch.setattr(S, "PRLIMIT_PATH", None)
-    r = run_python("import resource as r\nprint(r.getrlimit(r.RLIMIT_AS)[0], "
-                   "r.getrlimit(r.RLIMIT_CORE))\n" + FORK_COUNT, bwrap=bwrap)
+    r = run_python(
+        "import resource as r\nprint(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_CORE))\n" + FORK_COUNT,
+        bwrap=bwrap,
+    )
     first, second = r.stdout.splitlines()
     assert r.status == "ok" and first == f"{512 * 2**20} (0, 0)"
     ok, fail = map(int, second.split())
@@ -271,8 +295,9 @@ def test_rlimits_hold_without_prlimit_too(monkeypatch, bwrap):
 
 
 def test_no_nested_user_namespaces():
-    r = run_python("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                   "print(libc.unshare(0x10000000), ctypes.get_errno())")  # CLONE_NEWUSER
+    r = run_python(
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+    )  # CLONE_NEWUSER
     assert r.stdout == "-1 28\n"  # ENOSPC: bwrap --disable-userns set the limit to 0
 
 
@@ -283,8 +308,13 @@ def test_a_broken_bwrap_falls_back_loudly():
 
 
 def test_limits_and_inputs_are_validated():
-    for bad in [dict(cpu_seconds=0), dict(wall_seconds=float("inf")), dict(memory_bytes=2**20),
-                dict(max_processes=True), dict(max_output_bytes=-1)]:
+    for bad in [
+        dict(cpu_seconds=0),
+        dict(wall_seconds=float("inf")),
+        dict(memory_bytes=2**20),
+        dict(max_processes=True),
+        dict(max_output_bytes=-1),
+    ]:
         with pytest.raises(ValueError):
             SandboxLimits(**bad)
     for files in [{"../x": ""}, {"main.py": ""}, {"a/b": ""}, {"x": b"bytes"}]:

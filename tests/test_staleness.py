@@ -1,8 +1,9 @@
 """Staleness control: drop, wait, and the request version bound."""
-import pytest
 
+import pytest
 from _learner_data import random_record
-from trainer.staleness import StalenessConfig, StalenessControl
+
+from trainer.learning.staleness import StalenessConfig, StalenessControl
 
 
 def record_of_version(v: int, seed: int = 0):
@@ -43,9 +44,15 @@ def test_synchronous_baseline_bounds():
     assert StalenessConfig(max_staleness=3).min_request_version(2) == 0
 
 
-@pytest.mark.parametrize("kwargs", [{"max_staleness": -1}, {"max_staleness": 1.5},
-                                    {"max_staleness": 2, "max_mean_staleness": 3.0},
-                                    {"max_staleness": 2, "max_mean_staleness": -0.1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_staleness": -1},
+        {"max_staleness": 1.5},
+        {"max_staleness": 2, "max_mean_staleness": 3.0},
+        {"max_staleness": 2, "max_mean_staleness": -0.1},
+    ],
+)
 def test_config_refuses_settings_that_cannot_work(kwargs):
     with pytest.raises(ValueError):
         StalenessConfig(**kwargs)

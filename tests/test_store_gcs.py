@@ -1,5 +1,6 @@
 """The policy store on gs:// against a real local GCS server (gcp-storage-emulator):
 Orbax writes through TensorStore's GCS driver, markers and LATEST through google-cloud-storage."""
+
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from _trees import abstract, assert_tree_equal, params_for
 
 from localstack import gcs_emulator
-from trainer.store import LATEST, PolicyStore, StoreError
+from trainer.contracts.store import LATEST, PolicyStore, StoreError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,7 +65,7 @@ def test_publish_then_fresh_reader_and_subprocess_reader(gcs, store, tmp_path):
     script = textwrap.dedent("""
         import json, sys
         import jax, jax.numpy as jnp, numpy as np
-        from trainer.store import PolicyStore
+        from trainer.contracts.store import PolicyStore
         target = {"dense": {"kernel": jax.ShapeDtypeStruct((4, 3), jnp.float32),
                             "bias": jax.ShapeDtypeStruct((3,), jnp.float32)},
                   "embed": jax.ShapeDtypeStruct((5, 2), jnp.int32)}
@@ -73,11 +74,23 @@ def test_publish_then_fresh_reader_and_subprocess_reader(gcs, store, tmp_path):
                                  for k, x in jax.tree_util.tree_leaves_with_path(params)})
         print(json.dumps({"version": version}))
     """)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
-           "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu", **gcs.env()}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": REPO,
+        "JAX_PLATFORMS": "cpu",
+        **gcs.env(),
+    }
     out = tmp_path / "leaves.npz"
-    proc = subprocess.run([sys.executable, "-c", script, os.fspath(store.root), os.fspath(out)],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, os.fspath(store.root), os.fspath(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"version": 3}
     got = np.load(out)
@@ -134,14 +147,24 @@ def test_bf16_publish_round_trip(gcs, store):
     params["dense"]["kernel"] = jnp.full((4, 3), 1 / 3, jnp.float32)  # not representable in bf16
     store.publish(0, params, dtype=jnp.bfloat16)
     assert store.read_metadata(0)["dtype"] == "bfloat16"
-    as_stored = store.load(0, {**abstract(params), "dense": {
-        "kernel": jax.ShapeDtypeStruct((4, 3), jnp.bfloat16), "bias": jax.ShapeDtypeStruct((3,), jnp.bfloat16)}})
+    as_stored = store.load(
+        0,
+        {
+            **abstract(params),
+            "dense": {
+                "kernel": jax.ShapeDtypeStruct((4, 3), jnp.bfloat16),
+                "bias": jax.ShapeDtypeStruct((3,), jnp.bfloat16),
+            },
+        },
+    )
     assert as_stored["dense"]["kernel"].dtype == jnp.bfloat16
     out = store.load(0, abstract(params))  # back into the worker's float32 params
     assert_tree_equal(out["embed"], params["embed"])  # ints are never cast
     assert out["dense"]["kernel"].dtype == jnp.float32
-    np.testing.assert_array_equal(np.asarray(out["dense"]["kernel"]),
-                                  np.asarray(params["dense"]["kernel"].astype(jnp.bfloat16).astype(jnp.float32)))
+    np.testing.assert_array_equal(
+        np.asarray(out["dense"]["kernel"]),
+        np.asarray(params["dense"]["kernel"].astype(jnp.bfloat16).astype(jnp.float32)),
+    )
     assert not np.array_equal(np.asarray(out["dense"]["kernel"]), np.asarray(params["dense"]["kernel"]))
     np.testing.assert_array_equal(np.asarray(out["dense"]["bias"]), np.arange(3, dtype=np.float32))
 
@@ -157,7 +180,9 @@ def test_gc_keeps_latest_and_in_flight(gcs, store):
     assert store.gc(keep=1) == [3]
     assert store.versions() == [4, 6] and store.latest_version() == 4
     assert_tree_equal(store.load_latest(abstract(params_for(0)))[1], params_for(4))
-    assert json.loads(PolicyStore(os.fspath(store.root))._files.read_text(os.fspath(store.root / LATEST)))["version"] == 4
+    assert (
+        json.loads(PolicyStore(os.fspath(store.root))._files.read_text(os.fspath(store.root / LATEST)))["version"] == 4
+    )
 
 
 def test_unreachable_gcs_is_a_store_error(gcs, monkeypatch):

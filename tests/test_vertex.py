@@ -1,6 +1,7 @@
 """The learner's Vertex AI job, offline: CustomJob build and validation, the dry-run CLI
 (with every network connection refused), the Dockerfile's text, and the AIP_*/CLUSTER_SPEC
 parsing that places a process in a multi-host job."""
+
 from __future__ import annotations
 
 import json
@@ -13,26 +14,39 @@ import time
 
 import pytest
 
-from trainer import distributed, vertex
+from trainer.cloud import distributed, vertex
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGE = "us-docker.pkg.dev/my-proj/rl/learner:v1"
-LEARNER_ARGS = ("--requests_topic", "projects/my-proj/topics/rollout-requests",
-                "--records_subscription", "projects/my-proj/subscriptions/records-sub",
-                "--policy_root", "gs://my-bucket/policy-store", "--max_steps", "1000")
+LEARNER_ARGS = (
+    "--requests_topic",
+    "projects/my-proj/topics/rollout-requests",
+    "--records_subscription",
+    "projects/my-proj/subscriptions/records-sub",
+    "--policy_root",
+    "gs://my-bucket/policy-store",
+    "--max_steps",
+    "1000",
+)
 
 
 def config(**overrides) -> vertex.LearnerJobConfig:
-    kw = dict(project="my-proj", region="us-central1", image_uri=IMAGE,
-              base_output_dir="gs://my-bucket/learner", learner_args=LEARNER_ARGS)
+    kw = dict(
+        project="my-proj",
+        region="us-central1",
+        image_uri=IMAGE,
+        base_output_dir="gs://my-bucket/learner",
+        learner_args=LEARNER_ARGS,
+    )
     return vertex.LearnerJobConfig(**{**kw, **overrides})
 
 
 def test_builds_a_tpu_v5e_2x2_job():
     from google.cloud.aiplatform_v1 import types
 
-    job = vertex.build_custom_job(config(service_account="learner@my-proj.iam.gserviceaccount.com",
-                                         env={"JAX_LOG_COMPILES": "0"}))
+    job = vertex.build_custom_job(
+        config(service_account="learner@my-proj.iam.gserviceaccount.com", env={"JAX_LOG_COMPILES": "0"})
+    )
     assert isinstance(job, types.CustomJob)
     (pool,) = job.job_spec.worker_pool_specs
     assert pool.machine_spec.machine_type == "ct5lp-hightpu-4t"
@@ -61,26 +75,29 @@ def test_sdk_job_builds_offline_with_anonymous_credentials():
     assert sdk_job.job_spec.worker_pool_specs == vertex.build_custom_job(config()).job_spec.worker_pool_specs
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (dict(region="us_central1"), "region"),
-    (dict(region="us-central1-a"), "region"),  # a zone
-    (dict(region="US-CENTRAL1"), "region"),
-    (dict(image_uri=""), "image_uri"),
-    (dict(image_uri=None), "image_uri"),
-    (dict(base_output_dir="/tmp/out"), "base_output_dir"),
-    (dict(base_output_dir="s3://bucket/out"), "base_output_dir"),
-    (dict(replica_count=0), "replica_count"),
-    (dict(replica_count=-2), "replica_count"),
-    (dict(project="My Project"), "project"),
-    (dict(staging_bucket="my-bucket"), "staging_bucket"),
-    (dict(tpu_topology="2by2"), "tpu_topology"),
-    (dict(tpu_topology=None), "needs a tpu_topology"),
-    (dict(tpu_topology="1x2"), "does not fill"),  # 2 chips on a 4-chip host
-    (dict(machine_type="n2-standard-8"), "non-TPU"),
-    (dict(env={"CLUSTER_SPEC": "{}"}), "reserved"),
-    (dict(env={"AIP_MODEL_DIR": "gs://x"}), "reserved"),
-    (dict(service_account="not-an-email"), "service_account"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(region="us_central1"), "region"),
+        (dict(region="us-central1-a"), "region"),  # a zone
+        (dict(region="US-CENTRAL1"), "region"),
+        (dict(image_uri=""), "image_uri"),
+        (dict(image_uri=None), "image_uri"),
+        (dict(base_output_dir="/tmp/out"), "base_output_dir"),
+        (dict(base_output_dir="s3://bucket/out"), "base_output_dir"),
+        (dict(replica_count=0), "replica_count"),
+        (dict(replica_count=-2), "replica_count"),
+        (dict(project="My Project"), "project"),
+        (dict(staging_bucket="my-bucket"), "staging_bucket"),
+        (dict(tpu_topology="2by2"), "tpu_topology"),
+        (dict(tpu_topology=None), "needs a tpu_topology"),
+        (dict(tpu_topology="1x2"), "does not fill"),  # 2 chips on a 4-chip host
+        (dict(machine_type="n2-standard-8"), "non-TPU"),
+        (dict(env={"CLUSTER_SPEC": "{}"}), "reserved"),
+        (dict(env={"AIP_MODEL_DIR": "gs://x"}), "reserved"),
+        (dict(service_account="not-an-email"), "service_account"),
+    ],
+)
 def test_invalid_configs_are_refused(overrides, match):
     with pytest.raises(ValueError, match=match):
         config(**overrides)
@@ -107,23 +124,42 @@ def refuse(event, args):
     if event == "socket.getaddrinfo" or (event == "socket.connect" and args[0].family != socket.AF_UNIX):
         raise RuntimeError(f"network access during dry run: {event} {args[1:]}")
 sys.addaudithook(refuse)
-sys.argv = ["trainer.vertex"] + sys.argv[1:]
-runpy.run_module("trainer.vertex", run_name="__main__")
+sys.argv = ["trainer.cloud.vertex"] + sys.argv[1:]
+runpy.run_module("trainer.cloud.vertex", run_name="__main__")
 """
 
 
 def run_cli(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-           "NO_PROXY": "", "GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent.json", "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-c", _NO_NETWORK, *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "NO_PROXY": "",
+        "GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent.json",
+        "JAX_PLATFORMS": "cpu",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", _NO_NETWORK, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_dry_run_prints_the_job_as_json_without_network():
     start = time.monotonic()
-    out = run_cli("--project", "my-proj", "--region", "europe-west4", "--image", IMAGE,
-                  "--base_output_dir", "gs://my-bucket/learner", "--env", "A=1", "--dry-run",
-                  "--", *LEARNER_ARGS)
+    out = run_cli(
+        "--project",
+        "my-proj",
+        "--region",
+        "europe-west4",
+        "--image",
+        IMAGE,
+        "--base_output_dir",
+        "gs://my-bucket/learner",
+        "--env",
+        "A=1",
+        "--dry-run",
+        "--",
+        *LEARNER_ARGS,
+    )
     assert out.returncode == 0, out.stderr
     assert time.monotonic() - start < 60
     job = json.loads(out.stdout)
@@ -143,8 +179,9 @@ def test_cli_refuses_a_bad_config_and_bad_learner_args():
 
 def test_dockerfile_installs_the_project_with_jax_tpu_and_runs_the_learner():
     text = (ROOT / "Dockerfile").read_text()
-    instructions = [ln.strip() for ln in re.sub(r"\\\n", " ", text).splitlines()
-                    if ln.strip() and not ln.lstrip().startswith("#")]
+    instructions = [
+        ln.strip() for ln in re.sub(r"\\\n", " ", text).splitlines() if ln.strip() and not ln.lstrip().startswith("#")
+    ]
     assert instructions[0].startswith("FROM python:3.11-slim")
     runs = " ".join(i for i in instructions if i.startswith("RUN "))
     assert re.search(r"pip install (\S+ )*\.( |$)", runs), "the project itself is installed"
@@ -154,20 +191,34 @@ def test_dockerfile_installs_the_project_with_jax_tpu_and_runs_the_learner():
     assert instructions[-1] == 'ENTRYPOINT ["python", "-m", "trainer.task"]'
 
 
-# --- trainer.distributed -----------------------------------------------------------------
+# --- trainer.cloud.distributed -----------------------------------------------------------------
 
-SINGLE_HOST = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"]},
-               "environment": "cloud", "task": {"type": "workerpool0", "index": 0}, "job": {}}
+SINGLE_HOST = {
+    "cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"]},
+    "environment": "cloud",
+    "task": {"type": "workerpool0", "index": 0},
+    "job": {},
+}
 
 
 def four_hosts(task_type: str, index: int) -> dict:
-    return {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
-                        "workerpool1": [f"cmle-training-workerpool1-ab-{i}:2222" for i in range(3)]},
-            "environment": "cloud", "task": {"type": task_type, "index": index, "trial": "1"}, "job": {}}
+    return {
+        "cluster": {
+            "workerpool0": ["cmle-training-workerpool0-ab-0:2222"],
+            "workerpool1": [f"cmle-training-workerpool1-ab-{i}:2222" for i in range(3)],
+        },
+        "environment": "cloud",
+        "task": {"type": task_type, "index": index, "trial": "1"},
+        "job": {},
+    }
 
 
-AIP = {"CLOUD_ML_JOB_ID": "1234567890", "AIP_MODEL_DIR": "gs://b/learner/model/",
-       "AIP_CHECKPOINT_DIR": "gs://b/learner/checkpoints/", "AIP_TENSORBOARD_LOG_DIR": "gs://b/learner/logs/"}
+AIP = {
+    "CLOUD_ML_JOB_ID": "1234567890",
+    "AIP_MODEL_DIR": "gs://b/learner/model/",
+    "AIP_CHECKPOINT_DIR": "gs://b/learner/checkpoints/",
+    "AIP_TENSORBOARD_LOG_DIR": "gs://b/learner/logs/",
+}
 
 
 def test_local_environment_is_one_process():
@@ -187,34 +238,41 @@ def test_single_host_vertex_job_reads_dirs_and_does_not_initialize():
     assert not info.initialized and info.is_primary and distributed.is_primary(info)
 
 
-@pytest.mark.parametrize("task_type, index, process_id", [
-    ("workerpool0", 0, 0), ("workerpool1", 0, 1), ("workerpool1", 2, 3)])
+@pytest.mark.parametrize(
+    "task_type, index, process_id", [("workerpool0", 0, 0), ("workerpool1", 0, 1), ("workerpool1", 2, 3)]
+)
 def test_four_hosts_initialize_jax_with_the_primary_as_coordinator(task_type, index, process_id):
     env = distributed.read_vertex_env({**AIP, "CLUSTER_SPEC": json.dumps(four_hosts(task_type, index))})
     assert env.trial == "1" and env.num_processes == 4 and env.process_id == process_id
     calls = []
     info = distributed.maybe_initialize_distributed(env, initialize=lambda **kw: calls.append(kw))
-    assert calls == [dict(coordinator_address="cmle-training-workerpool0-ab-0:2222",
-                          num_processes=4, process_id=process_id)]
+    assert calls == [
+        dict(coordinator_address="cmle-training-workerpool0-ab-0:2222", num_processes=4, process_id=process_id)
+    ]
     assert info.initialized and info.process_count == 4 and info.is_primary == (process_id == 0)
     distributed.maybe_initialize_distributed(env, coordinator_port=8476, initialize=lambda **kw: calls.append(kw))
     assert calls[-1]["coordinator_address"] == "cmle-training-workerpool0-ab-0:8476"
 
 
 def test_tf_config_is_read_when_cluster_spec_is_absent():
-    tf_config = {"cluster": {"chief": ["training-workerpool0-x-0:2222"],
-                             "worker": ["training-workerpool1-x-0:2222"]},
-                 "environment": "cloud", "task": {"type": "worker", "index": 0, "cloud": "y"}}
+    tf_config = {
+        "cluster": {"chief": ["training-workerpool0-x-0:2222"], "worker": ["training-workerpool1-x-0:2222"]},
+        "environment": "cloud",
+        "task": {"type": "worker", "index": 0, "cloud": "y"},
+    }
     env = distributed.read_vertex_env({"TF_CONFIG": json.dumps(tf_config)})
     assert (env.task_type, env.num_processes, env.process_id) == ("workerpool1", 2, 1)
 
 
-@pytest.mark.parametrize("spec", [
-    "not json",
-    json.dumps({"cluster": {"workerpool0": ["h:2222"]}, "task": {"type": "workerpool1", "index": 0}}),
-    json.dumps({"cluster": {"workerpool0": ["h:2222"]}, "task": {"type": "workerpool0", "index": 1}}),
-    json.dumps({"cluster": {"workerpool0": ["no-port"]}, "task": {"type": "workerpool0", "index": 0}}),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "not json",
+        json.dumps({"cluster": {"workerpool0": ["h:2222"]}, "task": {"type": "workerpool1", "index": 0}}),
+        json.dumps({"cluster": {"workerpool0": ["h:2222"]}, "task": {"type": "workerpool0", "index": 1}}),
+        json.dumps({"cluster": {"workerpool0": ["no-port"]}, "task": {"type": "workerpool0", "index": 0}}),
+    ],
+)
 def test_malformed_cluster_specs_are_refused(spec):
     with pytest.raises(ValueError):
         distributed.read_vertex_env({"CLUSTER_SPEC": spec})

@@ -1,8 +1,11 @@
 """Learner entry point (local process or Vertex AI custom job): `python -m trainer.task`.
 
-Publishes policy v0, starts the feeder, then trains on packed records from Pub/Sub and
-publishes a new policy version every `publish_every` steps.
+The loop, top to bottom: restore the newest checkpoint or initialise (warm start),
+publish policy v0, start the feeder; then poll records -> admit (staleness) -> batch ->
+`learner.train_step` -> every `publish_every` steps publish a version and checkpoint.
+The parts come from `trainer.learning.builder`, one `make_*` each.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +15,11 @@ import os
 import sys
 import time
 
-from trainer.builder import build_job
-from trainer.distributed import maybe_initialize_distributed, read_vertex_env
+from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
+from trainer.contracts.record_shape import add_layout_arguments, layout_from_flags
+from trainer.learning import builder as B
+from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
+from trainer.learning.run_stats import RunStats
 
 log = logging.getLogger("trainer")
 
@@ -24,79 +30,119 @@ def parse_args(argv):
     p.add_argument("--records_subscription", required=True)
     p.add_argument("--dead_letter_topic", default=None)
     # On Vertex AI the job's model dir is a natural default (gs://…/model/).
-    p.add_argument("--policy_root", default=os.environ.get("AIP_MODEL_DIR"),
-                   required=os.environ.get("AIP_MODEL_DIR") is None)
+    p.add_argument(
+        "--policy_root", default=os.environ.get("AIP_MODEL_DIR"), required=os.environ.get("AIP_MODEL_DIR") is None
+    )
     p.add_argument("--model_config", default="tiny")
     p.add_argument("--max_steps", type=int, default=20)
     p.add_argument("--timeout_s", type=float, default=600.0, help="give up (exit 1) after this long")
     p.add_argument("--batch_records", type=int, default=2)
-    p.add_argument("--rows", type=int, default=4)
-    p.add_argument("--seq_len", type=int, default=256)
-    p.add_argument("--buckets", default=None, help="record lengths, e.g. 128,256 (default: --seq_len)")
-    p.add_argument("--max_segments_per_row", type=int, default=2)
+    add_layout_arguments(p)
+    p.add_argument("--mesh", default=None, help="device mesh, e.g. data=4,model=2 (default: one device)")
     p.add_argument("--group_size", type=int, default=4)
     p.add_argument("--publish_every", type=int, default=5)
     p.add_argument("--max_batches_ahead", type=int, default=1, help="feeder credits, in batches")
-    p.add_argument("--max_staleness", type=int, default=2,
-                   help="drop records older than this many versions (0 + --max_batches_ahead 0: synchronous)")
-    p.add_argument("--max_mean_staleness", type=float, default=None,
-                   help="wait for fresher data while the ready data is staler than this on average")
+    p.add_argument(
+        "--max_staleness",
+        type=int,
+        default=2,
+        help="drop records older than this many versions (0 + --max_batches_ahead 0: synchronous)",
+    )
+    p.add_argument(
+        "--max_mean_staleness",
+        type=float,
+        default=None,
+        help="wait for fresher data while the ready data is staler than this on average",
+    )
     p.add_argument("--learning_rate", type=float, default=3e-4)
-    p.add_argument("--loss", default="ppo", choices=["ppo", "gspo_token", "decoupled_ppo"])
+    p.add_argument("--loss", default="ppo", choices=ALGORITHMS)
     p.add_argument("--eps_low", type=float, default=0.2)
     p.add_argument("--eps_high", type=float, default=0.28)
-    p.add_argument("--aggregation", default="token-mean",
-                   choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+    p.add_argument("--aggregation", default="token-mean", choices=AGGREGATIONS)
     p.add_argument("--tis_cap", type=float, default=None, help="truncated importance sampling cap (off)")
     p.add_argument("--kl_coef", type=float, default=0.0, help="KL to the reference (the v0 policy)")
-    p.add_argument("--kl_estimator", default="k3", choices=["k1", "k2", "k3"])
+    p.add_argument("--kl_estimator", default="k3", choices=KL_ESTIMATORS)
     p.add_argument("--env", default="calculator")
     p.add_argument("--env_config", type=json.loads, default={}, help='JSON, e.g. {"tool_latency": "fixed:0.1"}')
     p.add_argument("--task_seed", type=int, default=0)
-    p.add_argument("--data_dir", default=None,
-                   help="read prompts from the environment's TFDS dataset here (built locally if missing)")
+    p.add_argument(
+        "--data_dir",
+        default=None,
+        help="read prompts from the environment's TFDS dataset here (built locally if missing)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmstart_steps", type=int, default=0,
-                   help="behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)")
-    p.add_argument("--peak_tflops", type=float, default=None,
-                   help="the accelerator's peak, for model-FLOPs utilisation (e.g. 197 per v5e chip)")
+    p.add_argument(
+        "--warmstart_steps",
+        type=int,
+        default=0,
+        help="behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)",
+    )
+    p.add_argument(
+        "--peak_tflops",
+        type=float,
+        default=None,
+        help="the accelerator's peak, for model-FLOPs utilisation (e.g. 197 per v5e chip)",
+    )
     p.add_argument("--publish_bf16", action="store_true", help="publish policy versions in bfloat16")
     p.add_argument("--keep_versions", type=int, default=5, help="policy versions kept in the store")
-    p.add_argument("--checkpoint_dir", default=os.environ.get("AIP_CHECKPOINT_DIR"),
-                   help="learner checkpoints (a dir or gs://…), saved at every policy publish; "
-                        "a restarted learner resumes from the newest")
+    p.add_argument(
+        "--checkpoint_dir",
+        default=os.environ.get("AIP_CHECKPOINT_DIR"),
+        help="learner checkpoints (a dir or gs://…), saved at every policy publish; "
+        "a restarted learner resumes from the newest",
+    )
     p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
     return p.parse_args(argv)
 
 
 def run(args) -> dict:
-    job = build_job(args)
-    learner, staleness, stats = job.learner, job.staleness, job.stats
-    job.feeder.start()
+    layout = layout_from_flags(args)
+    learner = B.make_learner(args, layout, B.make_mesh_from_flag(args.mesh))
+    tasks = B.load_prompts(args)
+    checkpointer = B.make_checkpointer(args)
+    start = B.restore_or_initialise(learner, checkpointer, args, tasks)
+    publisher = B.make_publisher(args, learner, checkpointer, start)
+    publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)
+    staleness, credits = B.make_staleness(args), B.make_credits(args, layout)
+    feeder = B.make_feeder(args, tasks, credits, staleness, publisher, start)
+    consumer = B.make_consumer(args, layout, start)
+    batches = B.make_batches(layout, learner, staleness)
+    stats = RunStats(peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
+    if feeder:
+        feeder.start()
     deadline = time.monotonic() + args.timeout_s
     try:
         while learner.steps < args.max_steps:
-            if time.monotonic() > deadline or job.feeder.error:
-                raise RuntimeError(f"learner stopped at step {learner.steps}: "
-                                   f"{job.feeder.error or f'timeout after {args.timeout_s}s'}")
-            for rec in job.consumer.poll(max_messages=100, timeout_s=1.0):
-                job.credits.release(len(rec.trajectories))  # received: its credits are back
+            if time.monotonic() > deadline or (feeder and feeder.error):
+                reason = feeder.error if feeder and feeder.error else f"timeout after {args.timeout_s}s"
+                raise RuntimeError(f"learner stopped at step {learner.steps}: {reason}")
+            for rec in consumer.poll(max_messages=100, timeout_s=1.0):
+                credits.release(len(rec.trajectories))  # received: its credits are back
                 stats.on_record(rec)
-                if staleness.admit(rec, job.version):
-                    job.buffers[rec.shape].append(rec)  # one shape per batch: one compile per bucket
-            job.credits.release(job.consumer.take_dropped())
-            while learner.steps < args.max_steps and (batch := job.take_batch()):
-                metrics = stats.on_step(learner, batch)
+                batches.add(rec, publisher.version)
+            credits.release(consumer.take_dropped())
+            while learner.steps < args.max_steps and (batch := batches.take(publisher.version)):
+                flops = learner.step_flops(batch)  # compiled once per shape, outside the timing
+                t0 = time.monotonic()
+                metrics = learner.train_step(batch)
+                stats.on_step(batch, metrics, time.monotonic() - t0, flops)
                 if learner.steps % learner.cfg.publish_every == 0:
-                    job.publish_and_checkpoint()
-                log.info("step %d version %d loss %.4f reward %.3f", learner.steps, job.version,
-                         metrics["losses/policy_loss"], stats.mean_reward())
+                    publisher.publish()
+                    publisher.checkpoint(feeder.published if feeder else 0, consumer.seen_ids)
+                log.info(
+                    "step %d version %d loss %.4f reward %.3f",
+                    learner.steps,
+                    publisher.version,
+                    metrics["losses/policy_loss"],
+                    stats.mean_reward(),
+                )
     finally:
-        job.feeder.stop()
-        job.consumer.close()
-        if job.checkpointer is not None:
-            job.checkpointer.close()  # waits for the last save
-    return stats.summary(job)
+        if feeder:
+            feeder.stop()
+        consumer.close()
+        if checkpointer is not None:
+            checkpointer.close()  # waits for the last save
+    return stats.summary(learner, start, publisher, consumer, feeder, staleness, layout)
 
 
 def main(argv=None) -> int:

@@ -7,6 +7,7 @@ rows * max_segments_per_row trajectories and the packer always flushes within it
 maximum wait, a window of (ahead + 1) * batch_records * rows * max_segments_per_row
 + group_size can never deadlock: what is outstanding always fills another batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,9 +16,9 @@ import logging
 import threading
 import uuid
 
-from trainer import pubsub_io
-from trainer.config import RecordShape
-from trainer.rollout_request import RolloutRequest
+from trainer.contracts import pubsub_io
+from trainer.contracts.record_shape import RecordShape
+from trainer.contracts.rollout_request import RolloutRequest
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,17 @@ class TrajectoryCredits:
 
 
 class Feeder(threading.Thread):
-    def __init__(self, topic: str, tasks, credits: TrajectoryCredits, group_size: int, env: str,
-                 env_config: dict | None = None, min_version=lambda: 0, start: int = 0):
+    def __init__(
+        self,
+        topic: str,
+        tasks,
+        credits: TrajectoryCredits,
+        group_size: int,
+        env: str,
+        env_config: dict | None = None,
+        min_version=lambda: 0,
+        start: int = 0,
+    ):
         super().__init__(name="feeder", daemon=True)
         self.min_version = min_version  # () -> the oldest policy version a new request may use
         self.topic, self.credits, self.group_size = topic, credits, group_size
@@ -80,12 +90,17 @@ class Feeder(threading.Thread):
         try:
             while self.credits.acquire(self.group_size, self.stop_event):
                 task = next(self.tasks)
-                req = RolloutRequest(request_id=f"{self._run_id}-{self.published:07d}", env=self.env,
-                                     task=task.to_json_dict(), group_size=self.group_size,
-                                     env_config=self.env_config, min_policy_version=self.min_version())
+                req = RolloutRequest(
+                    request_id=f"{self._run_id}-{self.published:07d}",
+                    env=self.env,
+                    task=task.to_json_dict(),
+                    group_size=self.group_size,
+                    env_config=self.env_config,
+                    min_policy_version=self.min_version(),
+                )
                 pubsub_io.publish(publisher, self.topic, req.to_bytes()).result(timeout=30)
                 self.published += 1
-        except BaseException as e:  # noqa: BLE001 - surfaced to the learner loop
+        except BaseException as e:
             self.error = e
             log.exception("feeder failed")
 

@@ -1,4 +1,5 @@
 """Rollout request: what the feeder publishes and the pipeline consumes (JSON, versioned)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,7 @@ class RolloutRequest:
         return json.dumps({"schema_version": REQUEST_SCHEMA_VERSION, **dataclasses.asdict(self)}).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "RolloutRequest":
+    def from_bytes(cls, data: bytes) -> RolloutRequest:
         if len(data) > MAX_REQUEST_BYTES:
             raise RequestError(f"request of {len(data)} bytes exceeds {MAX_REQUEST_BYTES}")
         try:
@@ -37,11 +38,14 @@ class RolloutRequest:
             raise RequestError("request must be a JSON object")
         version = obj.get("schema_version")
         if type(version) is not int or version != REQUEST_SCHEMA_VERSION:  # refuses True too
-            raise RequestError(f"request schema_version {obj.get('schema_version')!r}, expected {REQUEST_SCHEMA_VERSION}")
+            raise RequestError(
+                f"request schema_version {obj.get('schema_version')!r}, expected {REQUEST_SCHEMA_VERSION}"
+            )
         fields = {f.name: f.type for f in dataclasses.fields(cls)}
         missing = {"request_id", "env", "task", "group_size"} - set(obj)
         if missing or set(obj) - set(fields) - {"schema_version"}:
-            raise RequestError(f"request fields: missing {sorted(missing)}, unknown {sorted(set(obj) - set(fields) - {'schema_version'})}")
+            unknown = sorted(set(obj) - set(fields) - {"schema_version"})
+            raise RequestError(f"request fields: missing {sorted(missing)}, unknown {unknown}")
         obj.pop("schema_version")
         req = cls(**obj)
         if not all(isinstance(v, str) and v for v in (req.request_id, req.env)):

@@ -20,6 +20,7 @@ checkpoint is durable only costs the steps since the last durable checkpoint (an
 records consumed meanwhile, which were already acked). Call wait_until_finished() (or
 save(..., wait=True)) where the caller needs durability, e.g. before exiting.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ from typing import Any, Self
 import orbax.checkpoint as ocp
 from etils import epath
 
-from trainer.store import disable_gcsfs_listing_cache
+from trainer.contracts.store import disable_gcsfs_listing_cache
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +51,28 @@ def _json_default(x):
 
 
 class LearnerCheckpointer:
-    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
-                 async_save: bool = True, read_only: bool = False):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        max_to_keep: int | None = 3,
+        async_save: bool = True,
+        read_only: bool = False,
+    ):
         """read_only: for a process that only restores (an evaluator, a test) while the
         learner writes; it must not clean up, or it would delete the learner's in-flight save."""
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
         self.directory = epath.Path(directory)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+            max_to_keep=max_to_keep,
+            create=not read_only,
+            read_only=read_only,
             enable_async_checkpointing=async_save,
             # Tmp dirs of saves killed midway are removed at start-up: the learner is the only
             # writer, so when it starts none of them can still be in flight.
-            cleanup_tmp_directories=not read_only)
+            cleanup_tmp_directories=not read_only,
+        )
         self._mngr = ocp.CheckpointManager(self.directory, options=options)
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, wait: bool = False) -> None:

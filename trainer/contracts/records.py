@@ -8,6 +8,7 @@ dtype, offset (relative to the end of the header) and nbytes, and the decoder
 insists on exactly that canonical layout, so a hostile message cannot point
 anywhere odd or ask for more memory than its own length.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,7 +62,7 @@ class TrajectoryInfo:
         return dict(vars(self))  # flat scalar fields: no need for asdict's deep copy
 
     @classmethod
-    def from_json(cls, obj) -> "TrajectoryInfo":
+    def from_json(cls, obj) -> TrajectoryInfo:
         if not isinstance(obj, dict) or set(obj) != _TRAJ_FIELDS:
             raise RecordError(f"trajectory entry must have exactly the TrajectoryInfo fields, got {obj!r:.200}")
         _check_traj_types(obj)
@@ -120,7 +121,7 @@ class PackedRecord:
         gen = self.policy_versions[self.loss_mask == 1]
         return int(gen.max()) if gen.size else -1
 
-    def validate(self, expected_shape: tuple[int, int] | None = None) -> "PackedRecord":
+    def validate(self, expected_shape: tuple[int, int] | None = None) -> PackedRecord:
         """Checks every invariant of the schema; raises RecordError, returns self."""
         _validate(self, expected_shape)
         return self
@@ -268,7 +269,7 @@ def _parse_header(data: memoryview) -> tuple[dict, int]:
     if len(data) < end:
         _fail(f"truncated record: header needs {hlen} bytes, only {len(data) - _PREFIX.size} present")
     try:
-        header = json.loads(bytes(data[_PREFIX.size:end]), parse_constant=_reject_constant)
+        header = json.loads(bytes(data[_PREFIX.size : end]), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:  # includes JSONDecodeError, UnicodeDecodeError
         raise RecordError(f"header is not valid JSON: {e}") from None
     if not isinstance(header, dict):

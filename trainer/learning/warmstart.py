@@ -5,6 +5,7 @@ is 0 and RL has nothing to learn from. A short supervised warm start on transcri
 the environment's scripted oracle (driven through the real environment) gives the
 initial policy a non-zero success rate; RL then improves on it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,8 @@ import optax
 from flax import nnx
 
 import environments
-from trainer import tokenizer
-from trainer.model import token_logprobs
+from trainer.policy import tokenizer
+from trainer.policy.model import token_logprobs
 
 
 async def oracle_transcript(env_name: str, task: environments.Task, max_turns: int = 8):
@@ -47,10 +48,10 @@ def oracle_rows(env_name: str, tasks, seq_len: int) -> dict[str, np.ndarray]:
     for i, task in enumerate(tasks):
         toks, mask, _ = asyncio.run(oracle_transcript(env_name, task))
         toks, mask = toks[:seq_len], mask[:seq_len]
-        out["tokens"][i, :len(toks)] = toks
-        out["segment_ids"][i, :len(toks)] = 1
-        out["positions"][i, :len(toks)] = np.arange(len(toks))
-        out["loss_mask"][i, :len(toks)] = mask
+        out["tokens"][i, : len(toks)] = toks
+        out["segment_ids"][i, : len(toks)] = 1
+        out["positions"][i, : len(toks)] = np.arange(len(toks))
+        out["loss_mask"][i, : len(toks)] = mask
     return out
 
 
@@ -65,8 +66,17 @@ def _sft_step(graphdef, tx, params, opt_state, batch):
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-def warm_start(graphdef, params, env_name: str, tasks, steps: int, batch_rows: int = 32,
-               seq_len: int = 160, learning_rate: float = 3e-3, seed: int = 0):
+def warm_start(
+    graphdef,
+    params,
+    env_name: str,
+    tasks,
+    steps: int,
+    batch_rows: int = 32,
+    seq_len: int = 160,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+):
     """Returns (params, [loss per step]) after `steps` supervised steps on oracle rows."""
     data = oracle_rows(env_name, tasks, seq_len)
     tx = optax.adam(learning_rate)

@@ -7,6 +7,7 @@ catching up on prompts and observations; nothing else ever recompiles. Sampling 
 temperature 1 so the recorded log-prob is exactly the learner's log-prob of the same
 token under the same parameters.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from trainer.config import ModelConfig
-from trainer.model import init_model, split_params
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params
 
 
 class Sampler:

@@ -1,9 +1,10 @@
-"""Typed, self-validating configs for the policy model and the learner."""
+"""The policy model's typed, self-validating config, and the named sizes."""
+
 from __future__ import annotations
 
 import dataclasses
 
-from trainer import tokenizer
+from trainer.policy import tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,21 +50,3 @@ def model_config(name: str) -> ModelConfig:
         return MODEL_CONFIGS[name]
     except KeyError:
         raise ValueError(f"unknown model config {name!r}; known: {sorted(MODEL_CONFIGS)}") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class RecordShape:
-    """The fixed [rows, seq_len] shape of every packed record, agreed by both sides."""
-
-    rows: int = 4
-    seq_len: int = 256
-    # Bounds the trajectories per record, which the feeder's credit rule relies on.
-    max_segments_per_row: int = 2
-
-    def __post_init__(self):
-        if self.rows <= 0 or self.seq_len <= 0 or self.max_segments_per_row <= 0:
-            raise ValueError(f"record shape must be positive, got {self}")
-
-    @property
-    def max_trajectories(self) -> int:
-        return self.rows * self.max_segments_per_row

@@ -5,6 +5,7 @@ The rules below map them onto a ("data", "model") mesh: the batch is split over 
 the wide dimensions of the weights over "model", everything else is replicated. One
 table to change for another layout.
 """
+
 from __future__ import annotations
 
 import jax
@@ -34,8 +35,9 @@ def _mesh_spec(spec: PartitionSpec) -> PartitionSpec:
 def param_shardings(params: nnx.State, mesh) -> nnx.State:
     """NamedShardings for the params State, from the logical annotations."""
     specs = nnx.get_partition_spec(params)
-    return jax.tree.map(lambda s: NamedSharding(mesh, _mesh_spec(s)), specs,
-                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, _mesh_spec(s)), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+    )
 
 
 def batch_sharding(mesh) -> NamedSharding:

@@ -16,6 +16,7 @@ deletes go through `_Files`: os calls locally, google-cloud-storage on gs:// (ho
 STORAGE_EMULATOR_HOST). Not epath: gcsfs caches listings, so a long-lived poller saw
 neither new versions nor their markers (measured against the emulator).
 """
+
 from __future__ import annotations
 
 import json
@@ -112,8 +113,7 @@ class _GcsFiles:
 
         self._not_found = NotFound
         self._client = None  # created on first use: unpicklable, and reads env at creation
-        self._read = {"retry": DEFAULT_RETRY.with_timeout(read_timeout_s),
-                      "timeout": min(read_timeout_s, 60.0)}
+        self._read = {"retry": DEFAULT_RETRY.with_timeout(read_timeout_s), "timeout": min(read_timeout_s, 60.0)}
 
     def _split(self, path: str) -> tuple[Any, str]:
         if self._client is None:
@@ -143,8 +143,8 @@ class _GcsFiles:
         bucket, key = self._split(path)
         prefix = key.rstrip("/") + "/"
         it = self._client.list_blobs(bucket, prefix=prefix, delimiter="/", **self._read)
-        names = [b.name[len(prefix):] for b in it]  # consuming pages fills it.prefixes
-        return [n for n in names if n] + [p[len(prefix):].rstrip("/") for p in it.prefixes]
+        names = [b.name[len(prefix) :] for b in it]  # consuming pages fills it.prefixes
+        return [n for n in names if n] + [p[len(prefix) :].rstrip("/") for p in it.prefixes]
 
     def delete(self, path: str) -> None:
         bucket, key = self._split(path)
@@ -179,8 +179,10 @@ def _cast_floats(tree: Any, dtype) -> Any:
 def _to_target_dtypes(params: Any, target: Any) -> Any:
     """Orbax honours the target dtype for jax targets, but restores numpy targets at the
     stored dtype: cast float leaves (e.g. a bf16-published version) to what the target wants."""
+
     def cast(got, want):
         return got.astype(want.dtype) if _is_float(got) and _is_float(want) and got.dtype != want.dtype else got
+
     try:
         return jax.tree.map(cast, params, target)
     except ValueError:
@@ -250,8 +252,12 @@ class PolicyStore:
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(path, params, force=True)
             ckptr.wait_until_finished()
-        meta = {"version": version, "written_at": time.time(), "metadata": metadata or {},
-                "dtype": None if dtype is None else np.dtype(dtype).name}
+        meta = {
+            "version": version,
+            "written_at": time.time(),
+            "metadata": metadata or {},
+            "dtype": None if dtype is None else np.dtype(dtype).name,
+        }
         self._files.write_text(self._marker(version), json.dumps(meta))  # the per-version commit marker
         return path
 
@@ -317,8 +323,7 @@ class PolicyStore:
     def _scan(self) -> list[tuple[int, str | None, epath.Path]]:
         """(version, tmp suffix or None, path) for every version-like dir."""
         names = self._call("listing versions", self._files.children, os.fspath(self.policies_dir))
-        return [(int(m.group(1)), m.group(2), self.policies_dir / name)
-                for name in names if (m := _DIR_RE.match(name))]
+        return [(int(m.group(1)), m.group(2), self.policies_dir / name) for name in names if (m := _DIR_RE.match(name))]
 
     def gc(self, keep: int) -> list[int]:
         """Deletes all but the `keep` newest versions at or below LATEST (LATEST itself is

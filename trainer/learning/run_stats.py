@@ -1,4 +1,5 @@
 """What the learner saw and did, for logs and the end-of-run summary."""
+
 from __future__ import annotations
 
 import collections
@@ -6,8 +7,9 @@ import time
 
 
 class RunStats:
-    def __init__(self, learner_version: int):
+    def __init__(self, peak_flops: float | None = None):
         self.started = time.monotonic()
+        self.peak_flops = peak_flops  # the devices' peak FLOP/s, for utilisation
         self.step_time_s = 0.0
         self.records = 0
         self.tokens = 0
@@ -16,7 +18,6 @@ class RunStats:
         self.statuses = collections.Counter()
         self.record_shapes = collections.Counter()
         self.record_versions = collections.Counter()  # max policy version in each record
-        self.versions_published = [learner_version]
         self.last_metrics: dict[str, float] = {}
         self.trained_tokens = 0
         self.trained_loss_tokens = 0
@@ -33,27 +34,25 @@ class RunStats:
             self.rewards.append(t.reward)
             self.statuses[t.status] += 1
 
-    def on_step(self, learner, batch) -> dict[str, float]:
-        self.flops += learner.step_flops(batch)  # compiled once per shape, outside the timing
-        t0 = time.monotonic()
-        self.last_metrics = learner.train_step(batch)
-        self.step_time_s += time.monotonic() - t0
+    def on_step(self, batch, metrics: dict[str, float], step_s: float, flops: float) -> None:
+        """One train step on `batch` that took `step_s` seconds and `flops` FLOPs."""
+        self.last_metrics = metrics
+        self.step_time_s += step_s
+        self.flops += flops
         self.trained_tokens += sum(r.num_tokens for r in batch)
         self.trained_ids.update(r.record_id for r in batch)
         self.trained_loss_tokens += sum(r.num_loss_tokens for r in batch)
-        return self.last_metrics
 
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
 
-    def summary(self, job) -> dict:
-        learner, consumer, feeder, shapes = job.learner, job.consumer, job.feeder, job.shapes
+    def summary(self, learner, start, publisher, consumer, feeder, staleness, layout) -> dict:
         wall = time.monotonic() - self.started
         return {
             "steps": learner.steps,
-            "resumed_from_step": job.resumed_from_step,
+            "resumed_from_step": start.resumed_from_step,
             "trained_record_ids": sorted(self.trained_ids),
-            "policy_versions_published": self.versions_published,
+            "policy_versions_published": publisher.published,
             "records_consumed": self.records,
             "records_rejected": consumer.rejected,
             "records_duplicate": consumer.duplicates,
@@ -63,21 +62,24 @@ class RunStats:
             "trajectories": len(self.rewards),
             "mean_reward": round(self.mean_reward(), 4),
             "episode_status": dict(self.statuses),
-            "declared_record_shapes": [f"{s.rows}x{s.seq_len}" for s in shapes],
+            "declared_record_shapes": [f"{s.rows}x{s.seq_len}" for s in layout.shapes],
             "record_shapes": dict(self.record_shapes),
             "records_by_max_policy_version": {str(k): v for k, v in sorted(self.record_versions.items())},
-            "staleness_histogram": {str(k): v for k, v in sorted(job.staleness.histogram.items())},
-            "records_dropped_stale": job.staleness.dropped_records,
-            "trajectories_dropped_stale": job.staleness.dropped_trajectories,
-            "staleness_waits": job.staleness.waits,
-            "requests_published": feeder.published,
+            "staleness_histogram": {str(k): v for k, v in sorted(staleness.histogram.items())},
+            "records_dropped_stale": staleness.dropped_records,
+            "trajectories_dropped_stale": staleness.dropped_trajectories,
+            "staleness_waits": staleness.waits,
+            "requests_published": feeder.published if feeder else None,
             "compiled_train_steps": learner.compiled_variants(),
             "wall_s": round(wall, 2),
             "learner_duty_cycle": round(self.step_time_s / wall, 4) if wall else 0.0,
             "trained_tokens_per_s": round(self.trained_tokens / wall, 1) if wall else 0.0,
             "trained_tokens_per_step_s": round(self.trained_tokens / self.step_time_s, 1) if self.step_time_s else 0.0,
             "step_tflops_per_s": round(self.flops / self.step_time_s / 1e12, 6) if self.step_time_s else 0.0,
-            "mfu": (round(self.flops / self.step_time_s / job.peak_flops, 6)
-                    if self.step_time_s and job.peak_flops else None),
+            "mfu": (
+                round(self.flops / self.step_time_s / self.peak_flops, 6)
+                if self.step_time_s and self.peak_flops
+                else None
+            ),
             "last_metrics": {k: round(v, 5) for k, v in self.last_metrics.items()},
         }

@@ -9,10 +9,12 @@ generated transport already uses unlimited sizes, so the default client is kept.
 
 Import rule: nothing from ``pipelines`` or ``localstack`` may be imported here.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from google.api_core import exceptions as gexc
@@ -61,9 +63,7 @@ def subscriber_client(host: str | None = None) -> pubsub_v1.SubscriberClient:
     return pubsub_v1.SubscriberClient(transport=transport)
 
 
-def publisher_client(
-    host: str | None = None, batch_settings: Any = None
-) -> pubsub_v1.PublisherClient:
+def publisher_client(host: str | None = None, batch_settings: Any = None) -> pubsub_v1.PublisherClient:
     """A PublisherClient, emulator-aware like :func:`subscriber_client`."""
     kwargs: dict[str, Any] = {}
     if batch_settings is not None:
@@ -73,14 +73,6 @@ def publisher_client(
         return pubsub_v1.PublisherClient(**kwargs)
     transport = PublisherGrpcTransport(host=target, channel=emulator_channel(target))
     return pubsub_v1.PublisherClient(transport=transport, **kwargs)
-
-
-def topic_path(project: str, name: str) -> str:
-    return f"projects/{project}/topics/{name}"
-
-
-def subscription_path(project: str, name: str) -> str:
-    return f"projects/{project}/subscriptions/{name}"
 
 
 def pull(
@@ -111,18 +103,14 @@ def pull(
     return list(response.received_messages)
 
 
-def ack(
-    subscriber: pubsub_v1.SubscriberClient, subscription: str, ack_ids: Sequence[str]
-) -> None:
+def ack(subscriber: pubsub_v1.SubscriberClient, subscription: str, ack_ids: Sequence[str]) -> None:
     """Acknowledge ``ack_ids``; a no-op for an empty sequence (the API refuses it)."""
     ids = list(ack_ids)
     if ids:
         subscriber.acknowledge(request={"subscription": subscription, "ack_ids": ids})
 
 
-def publish(
-    publisher: pubsub_v1.PublisherClient, topic: str, data: bytes, **attributes: str
-):
+def publish(publisher: pubsub_v1.PublisherClient, topic: str, data: bytes, **attributes: str):
     """Publish one message; returns the future (``.result()`` gives the message id).
 
     Attributes must be str -> str: Pub/Sub would reject anything else later, less

@@ -3,13 +3,14 @@
 Attention is causal *and* restricted to the query's own segment, and RoPE uses the
 per-segment positions, so a trajectory scores the same alone or packed with others.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from trainer.config import ModelConfig
+from trainer.policy.config import ModelConfig
 
 
 def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
@@ -32,7 +33,7 @@ def segment_causal_mask(segment_ids: jax.Array) -> jax.Array:
 
 
 def _linear(d_in: int, d_out: int, axes: tuple[str, str], rngs: nnx.Rngs) -> nnx.Linear:
-    """A bias-free Linear whose kernel carries logical axis names (trainer/sharding.py
+    """A bias-free Linear whose kernel carries logical axis names (trainer/learning/sharding.py
     maps them onto the mesh)."""
     init = nnx.with_partitioning(nnx.initializers.lecun_normal(), axes)
     return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=init, rngs=rngs)
@@ -124,8 +125,9 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self.cfg = cfg
         # nnx.Embed's own default (std 1/sqrt(d_model)): tied output logits start near uniform.
-        embed_init = nnx.with_partitioning(nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0),
-                                           ("vocab", "embed"))
+        embed_init = nnx.with_partitioning(
+            nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0), ("vocab", "embed")
+        )
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, rngs=rngs)
         self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
         self.final_norm = _rms_norm(cfg, rngs)
@@ -166,7 +168,7 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
-    """Parameters carry logical axis names as metadata only; trainer/sharding.py places
+    """Parameters carry logical axis names as metadata only; trainer/learning/sharding.py places
     them on a mesh when there is one (eager sharding would demand a mesh here)."""
     with nnx.use_eager_sharding(False):
         return Transformer(cfg, nnx.Rngs(seed))
@@ -175,3 +177,14 @@ def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
 def split_params(model: Transformer):
     """(graphdef, params State): the pure pytree that jit, optax and the store handle."""
     return nnx.split(model, nnx.Param)
+
+
+def abstract_tree(tree):
+    """The shapes, dtypes and (where a leaf has one) shardings of a pytree, for restoring
+    params or learner state from a store or checkpoint into the same layout."""
+    return jax.tree.map(
+        lambda x: (
+            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)) if hasattr(x, "shape") else x
+        ),
+        tree,
+    )

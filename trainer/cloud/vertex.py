@@ -1,6 +1,6 @@
 """The learner as a Vertex AI `CustomJob` on a TPU slice: build, check offline, submit.
 
-    python -m trainer.vertex --project my-proj --region us-central1 \\
+    python -m trainer.cloud.vertex --project my-proj --region us-central1 \\
         --image us-docker.pkg.dev/my-proj/rl/learner:v1 --base_output_dir gs://my-bucket/learner \\
         --dry-run -- --requests_topic projects/my-proj/topics/rollout-requests ...
 
@@ -10,13 +10,14 @@ checks its flags) and prints it as JSON, with no network call. Without `--dry-ru
 is submitted with `aiplatform.CustomJob(...).submit()` and Application Default
 Credentials: that path needs a real project and has NOT been run from this repository.
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import re
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 LEARNER_COMMAND = ("python", "-m", "trainer.task")
 _PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
@@ -24,7 +25,7 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")  # us-central1, europe-west4; not
 _TOPOLOGY = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
 _TPU_CHIPS_PER_HOST = re.compile(r"^ct.*-(\d+)t$")  # ct5lp-hightpu-4t: 4 chips per host
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Vertex sets these itself; overriding them would mislead trainer.distributed.
+# Vertex sets these itself; overriding them would mislead trainer.cloud.distributed.
 _RESERVED_ENV = ("AIP_", "CLUSTER_SPEC", "TF_CONFIG", "CLOUD_ML_JOB_ID")
 
 
@@ -82,8 +83,10 @@ class LearnerJobConfig:
             if not _TOPOLOGY.match(self.tpu_topology):
                 raise ValueError(f"tpu_topology {self.tpu_topology!r} is not like 2x2 or 2x2x1")
             if self.topology_chips % int(tpu.group(1)):
-                raise ValueError(f"topology {self.tpu_topology} ({self.topology_chips} chips) does not fill "
-                                 f"{self.machine_type} hosts of {tpu.group(1)} chips")
+                raise ValueError(
+                    f"topology {self.tpu_topology} ({self.topology_chips} chips) does not fill "
+                    f"{self.machine_type} hosts of {tpu.group(1)} chips"
+                )
 
     @property
     def topology_chips(self) -> int:
@@ -94,7 +97,7 @@ class LearnerJobConfig:
 
     @property
     def resolved_staging_bucket(self) -> str:
-        return self.staging_bucket or "gs://" + self.base_output_dir[len("gs://"):].split("/")[0]
+        return self.staging_bucket or "gs://" + self.base_output_dir[len("gs://") :].split("/")[0]
 
 
 def worker_pool_specs(cfg: LearnerJobConfig) -> list[dict]:
@@ -103,9 +106,12 @@ def worker_pool_specs(cfg: LearnerJobConfig) -> list[dict]:
     machine = {"machine_type": cfg.machine_type}
     if cfg.tpu_topology:
         machine["tpu_topology"] = cfg.tpu_topology
-    container = {"image_uri": cfg.image_uri, "command": list(LEARNER_COMMAND),
-                 "args": list(cfg.learner_args),
-                 "env": [{"name": k, "value": v} for k, v in sorted(cfg.env.items())]}
+    container = {
+        "image_uri": cfg.image_uri,
+        "command": list(LEARNER_COMMAND),
+        "args": list(cfg.learner_args),
+        "env": [{"name": k, "value": v} for k, v in sorted(cfg.env.items())],
+    }
     pool = lambda n: {"machine_spec": dict(machine), "replica_count": n, "container_spec": dict(container)}
     return [pool(1)] + ([pool(cfg.replica_count - 1)] if cfg.replica_count > 1 else [])
 
@@ -114,10 +120,14 @@ def build_custom_job(cfg: LearnerJobConfig):
     """The `google.cloud.aiplatform_v1.types.CustomJob` proto (offline; an unknown field raises)."""
     from google.cloud.aiplatform_v1 import types
 
-    return types.CustomJob(display_name=cfg.display_name, job_spec=types.CustomJobSpec(
-        worker_pool_specs=worker_pool_specs(cfg),
-        base_output_directory=types.GcsDestination(output_uri_prefix=cfg.base_output_dir),
-        service_account=cfg.service_account or ""))
+    return types.CustomJob(
+        display_name=cfg.display_name,
+        job_spec=types.CustomJobSpec(
+            worker_pool_specs=worker_pool_specs(cfg),
+            base_output_directory=types.GcsDestination(output_uri_prefix=cfg.base_output_dir),
+            service_account=cfg.service_account or "",
+        ),
+    )
 
 
 def to_sdk_job(cfg: LearnerJobConfig, credentials=None):
@@ -125,10 +135,15 @@ def to_sdk_job(cfg: LearnerJobConfig, credentials=None):
     (no API call happens before submit())."""
     from google.cloud import aiplatform
 
-    return aiplatform.CustomJob(display_name=cfg.display_name, worker_pool_specs=worker_pool_specs(cfg),
-                                base_output_dir=cfg.base_output_dir, project=cfg.project,
-                                location=cfg.region, credentials=credentials,
-                                staging_bucket=cfg.resolved_staging_bucket)
+    return aiplatform.CustomJob(
+        display_name=cfg.display_name,
+        worker_pool_specs=worker_pool_specs(cfg),
+        base_output_dir=cfg.base_output_dir,
+        project=cfg.project,
+        location=cfg.region,
+        credentials=credentials,
+        staging_bucket=cfg.resolved_staging_bucket,
+    )
 
 
 def check_learner_args(args: Sequence[str]) -> None:
@@ -157,9 +172,10 @@ def submit(cfg: LearnerJobConfig, credentials=None):
 def parse_cli(argv: Sequence[str]) -> tuple[LearnerJobConfig, bool, bool]:
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    own, learner = argv[:cut], argv[cut + 1:]
-    p = argparse.ArgumentParser(prog="python -m trainer.vertex", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    own, learner = argv[:cut], argv[cut + 1 :]
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.cloud.vertex", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--project", required=True)
     p.add_argument("--region", required=True)
     p.add_argument("--image", required=True, help="learner container image URI (see Dockerfile)")
@@ -171,8 +187,13 @@ def parse_cli(argv: Sequence[str]) -> tuple[LearnerJobConfig, bool, bool]:
     p.add_argument("--staging_bucket", default=None)
     p.add_argument("--service_account", default=None)
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
-                   help="build, check and print the job as JSON; no network")
+    p.add_argument(
+        "--dry-run",
+        "--dry_run",
+        dest="dry_run",
+        action="store_true",
+        help="build, check and print the job as JSON; no network",
+    )
     p.add_argument("--skip_learner_args_check", action="store_true")
     a = p.parse_args(own)
     env = {}
@@ -182,11 +203,20 @@ def parse_cli(argv: Sequence[str]) -> tuple[LearnerJobConfig, bool, bool]:
             p.error(f"--env wants NAME=VALUE, got {item!r}")
         env[name] = value
     try:
-        cfg = LearnerJobConfig(project=a.project, region=a.region, image_uri=a.image,
-                               base_output_dir=a.base_output_dir, display_name=a.display_name,
-                               machine_type=a.machine_type, tpu_topology=a.tpu_topology or None,
-                               replica_count=a.replica_count, learner_args=tuple(learner), env=env,
-                               staging_bucket=a.staging_bucket, service_account=a.service_account)
+        cfg = LearnerJobConfig(
+            project=a.project,
+            region=a.region,
+            image_uri=a.image,
+            base_output_dir=a.base_output_dir,
+            display_name=a.display_name,
+            machine_type=a.machine_type,
+            tpu_topology=a.tpu_topology or None,
+            replica_count=a.replica_count,
+            learner_args=tuple(learner),
+            env=env,
+            staging_bucket=a.staging_bucket,
+            service_account=a.service_account,
+        )
     except ValueError as e:
         p.error(str(e))
     return cfg, a.dry_run, not a.skip_learner_args_check

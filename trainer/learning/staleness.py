@@ -11,6 +11,7 @@ of its tokens. Three bounds work together:
 `max_staleness = 0` with `max_batches_ahead = 0` is the synchronous baseline: every
 request waits for the newest policy, and the learner trains only on its own version.
 """
+
 from __future__ import annotations
 
 import collections
@@ -27,8 +28,9 @@ class StalenessConfig:
             raise ValueError(f"max_staleness must be an int >= 0, got {self.max_staleness!r}")
         if self.max_mean_staleness is not None and not 0 <= self.max_mean_staleness <= self.max_staleness:
             # Above max_staleness it could never bind; below 0 the learner would wait forever.
-            raise ValueError(f"max_mean_staleness must lie in [0, max_staleness={self.max_staleness}], "
-                             f"got {self.max_mean_staleness}")
+            raise ValueError(
+                f"max_mean_staleness must lie in [0, max_staleness={self.max_staleness}], got {self.max_mean_staleness}"
+            )
 
     def min_request_version(self, learner_version: int) -> int:
         return max(0, learner_version - self.max_staleness)

@@ -12,19 +12,25 @@ Vertex AI sets, on every replica (Vertex AI docs, "Using distributed training" a
 
 Locally none of these are set: one process, nothing to initialise.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 # Pools whose replicas all run the learner, in process-id order. Vertex reserves
 # workerpool2 (parameter servers / reduction server) and workerpool3 (evaluators) for
 # other roles; this learner does not use them.
 TRAINING_POOLS = ("workerpool0", "workerpool1")
-_TF_CONFIG_POOLS = {"chief": "workerpool0", "master": "workerpool0", "worker": "workerpool1",
-                    "ps": "workerpool2", "evaluator": "workerpool3"}
+_TF_CONFIG_POOLS = {
+    "chief": "workerpool0",
+    "master": "workerpool0",
+    "worker": "workerpool1",
+    "ps": "workerpool2",
+    "evaluator": "workerpool3",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +52,9 @@ class VertexEnv:
             if pool is None:
                 raise ValueError(f"task type {self.task_type!r} is not in the cluster {sorted(self.cluster)}")
             if not 0 <= self.task_index < len(pool):
-                raise ValueError(f"task index {self.task_index} out of range for {self.task_type} ({len(pool)} replicas)")
+                raise ValueError(
+                    f"task index {self.task_index} out of range for {self.task_type} ({len(pool)} replicas)"
+                )
         for pool, addresses in self.cluster.items():
             for a in addresses:
                 host, _, port = a.rpartition(":")
@@ -72,7 +80,7 @@ class VertexEnv:
             return 0
         if self.task_type not in TRAINING_POOLS:
             raise ValueError(f"{self.task_type} is not a learner pool {TRAINING_POOLS}")
-        offset = sum(len(self.cluster.get(p, ())) for p in TRAINING_POOLS[:TRAINING_POOLS.index(self.task_type)])
+        offset = sum(len(self.cluster.get(p, ())) for p in TRAINING_POOLS[: TRAINING_POOLS.index(self.task_type)])
         return offset + self.task_index
 
     @property
@@ -99,10 +107,16 @@ def read_vertex_env(environ: Mapping[str, str] = os.environ) -> VertexEnv:
             cluster, task_type, index, trial = _parse_cluster(json.loads(environ["TF_CONFIG"]), _TF_CONFIG_POOLS)
     except (json.JSONDecodeError, TypeError, AttributeError) as e:
         raise ValueError(f"malformed CLUSTER_SPEC/TF_CONFIG: {e}") from e
-    return VertexEnv(job_id=environ.get("CLOUD_ML_JOB_ID"), model_dir=environ.get("AIP_MODEL_DIR"),
-                     checkpoint_dir=environ.get("AIP_CHECKPOINT_DIR"),
-                     tensorboard_log_dir=environ.get("AIP_TENSORBOARD_LOG_DIR"),
-                     cluster=cluster, task_type=task_type, task_index=index, trial=trial)
+    return VertexEnv(
+        job_id=environ.get("CLOUD_ML_JOB_ID"),
+        model_dir=environ.get("AIP_MODEL_DIR"),
+        checkpoint_dir=environ.get("AIP_CHECKPOINT_DIR"),
+        tensorboard_log_dir=environ.get("AIP_TENSORBOARD_LOG_DIR"),
+        cluster=cluster,
+        task_type=task_type,
+        task_index=index,
+        trial=trial,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +131,9 @@ class DistributedInfo:
         return self.process_index == 0
 
 
-def maybe_initialize_distributed(env: VertexEnv | None = None, *, coordinator_port: int | None = None,
-                                 initialize: Callable[..., None] | None = None) -> DistributedInfo:
+def maybe_initialize_distributed(
+    env: VertexEnv | None = None, *, coordinator_port: int | None = None, initialize: Callable[..., None] | None = None
+) -> DistributedInfo:
     """Start multi-host JAX when the cluster spec lists more than one learner host.
 
     Call it first, before any JAX computation (jax.distributed requires that). A no-op on

@@ -16,9 +16,11 @@ Two numerical rules keep values and gradients finite: masked positions are repla
 log-ratios are clamped to +-LOG_RATIO_CLAMP before exp (as verl does), so float32 never
 overflows and squared gradient norms stay finite.
 
-Sections: 1. advantages  2. aggregation  3. KL estimators  4. config  5. policy losses
+Group advantages live in trainer.rl.advantages (the pipeline computes them too).
+Sections: 2. aggregation  3. KL estimators  4. config  5. policy losses
 6. entropy and the non-finite guard.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,48 +28,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 4.9e8: far outside any clip range, far from f32 overflow
 ALGORITHMS = ("ppo", "gspo_token", "decoupled_ppo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-
-
-# ----------------------------------------------------------------------------- 1. advantages
-# Per group of trajectories sampled for one prompt; the pipeline calls these with numpy on
-# the host. A group whose rewards are all equal carries no signal: every estimator returns
-# exact zeros there (the packer drops such groups by testing for exact zeros).
-def grpo_advantages(rewards, eps: float = 1e-6) -> np.ndarray:
-    """GRPO: (r - mean(group)) / (std(group) + eps), population std."""
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.size == 0 or r.std() < eps:
-        return np.zeros_like(r, dtype=np.float32)
-    return ((r - r.mean()) / (r.std() + eps)).astype(np.float32)
-
-
-group_relative_advantages = grpo_advantages  # the name the pipeline imports
-
-
-def rloo_advantages(rewards) -> np.ndarray:
-    """RLOO: r_i minus the mean of the *other* rewards, = n/(n-1) * (r_i - mean).
-    A group of one has nobody to leave out: 0."""
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.size < 2 or np.all(r == r[0]):
-        return np.zeros_like(r, dtype=np.float32)
-    return (r - (r.sum() - r) / (r.size - 1)).astype(np.float32)
-
-
-def dr_grpo_advantages(rewards) -> np.ndarray:
-    """Dr. GRPO: r - mean(group), no division by the std (which biases towards easy and
-    hard prompts)."""
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.size == 0 or np.all(r == r[0]):
-        return np.zeros_like(r, dtype=np.float32)
-    return (r - r.mean()).astype(np.float32)
-
-
-ADVANTAGE_ESTIMATORS = {"grpo": grpo_advantages, "rloo": rloo_advantages, "dr_grpo": dr_grpo_advantages}
 
 
 # ----------------------------------------------------------------------------- 2. aggregation
@@ -89,8 +54,9 @@ def per_sequence_sum(x, segment_ids, max_segments: int):
     return jnp.sum(x[..., None] * segment_one_hot(segment_ids, max_segments), axis=1)
 
 
-def aggregate(per_token, mask, segment_ids=None, mode: str = "token-mean", max_segments: int = 8,
-              norm_len: float | None = None):
+def aggregate(
+    per_token, mask, segment_ids=None, mode: str = "token-mean", max_segments: int = 8, norm_len: float | None = None
+):
     """Reduce a per-token loss [N, T] to a scalar over the masked tokens.
 
     token-mean           sum over all masked tokens / number of masked tokens (DAPO)
@@ -145,6 +111,7 @@ def kl_penalty(logp, ref_logp, estimator: str = "k3"):
 class LossConfig:
     """Everything policy_loss needs besides arrays. Frozen and hashable: pass it to jit as
     a static argument."""
+
     algorithm: str = "ppo"  # one of ALGORITHMS
     eps_low: float = 0.2  # ratio clipped to [1 - eps_low, 1 + eps_high] (DAPO clip-higher)
     eps_high: float = 0.28
@@ -156,9 +123,11 @@ class LossConfig:
     norm_len: float | None = None  # seq-mean-token-sum only: divide sequence sums by this
 
     def __post_init__(self):
-        for name, value, allowed in (("algorithm", self.algorithm, ALGORITHMS),
-                                     ("aggregation", self.aggregation, AGGREGATIONS),
-                                     ("kl_estimator", self.kl_estimator, KL_ESTIMATORS)):
+        for name, value, allowed in (
+            ("algorithm", self.algorithm, ALGORITHMS),
+            ("aggregation", self.aggregation, AGGREGATIONS),
+            ("kl_estimator", self.kl_estimator, KL_ESTIMATORS),
+        ):
             if value not in allowed:
                 raise ValueError(f"unknown {name} {value!r}; expected one of {allowed}")
         if not 0.0 <= self.eps_low < 1.0:
@@ -201,8 +170,9 @@ def sequence_mean_per_token(x, mask, segment_ids, max_segments: int):
     return jnp.sum(onehot * means[:, None, :], axis=-1)
 
 
-def policy_loss(logp, behaviour_logp, advantages, mask, segment_ids, cfg: LossConfig,
-                proximal_logp=None, ref_logp=None):
+def policy_loss(
+    logp, behaviour_logp, advantages, mask, segment_ids, cfg: LossConfig, proximal_logp=None, ref_logp=None
+):
     """The policy loss of cfg.algorithm, aggregated by cfg.aggregation, plus
     cfg.kl_coef * aggregate(kl_penalty(logp, ref_logp)). Returns (loss, metrics).
 
@@ -226,13 +196,21 @@ def policy_loss(logp, behaviour_logp, advantages, mask, segment_ids, cfg: LossCo
     if (cfg.aggregation != "token-mean" or cfg.algorithm == "gspo_token") and segment_ids is None:
         raise ValueError(f"{cfg.algorithm} with {cfg.aggregation} needs segment_ids")
     if cfg.needs_proximal != (proximal_logp is not None):
-        raise ValueError(f"proximal_logp is {'required' if cfg.needs_proximal else 'unused'} with "
-                         f"algorithm={cfg.algorithm!r}, tis_cap={cfg.tis_cap}")
+        raise ValueError(
+            f"proximal_logp is {'required' if cfg.needs_proximal else 'unused'} with "
+            f"algorithm={cfg.algorithm!r}, tis_cap={cfg.tis_cap}"
+        )
     if cfg.kl_coef > 0 and ref_logp is None:
         raise ValueError("kl_coef > 0 needs ref_logp")
     mask = mask > 0
-    agg = functools.partial(aggregate, mask=mask, segment_ids=segment_ids, mode=cfg.aggregation,
-                            max_segments=cfg.max_segments, norm_len=cfg.norm_len)
+    agg = functools.partial(
+        aggregate,
+        mask=mask,
+        segment_ids=segment_ids,
+        mode=cfg.aggregation,
+        max_segments=cfg.max_segments,
+        norm_len=cfg.norm_len,
+    )
 
     def log_ratio(a, b):  # masked, clamped log(a / b)
         return jnp.clip(jnp.where(mask, a - b, 0.0), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -261,8 +239,9 @@ def policy_loss(logp, behaviour_logp, advantages, mask, segment_ids, cfg: LossCo
         ratio = jnp.exp(log_ratio(logp, anchor_logp))
 
     # 3. Clipped surrogate, weighted per token, aggregated.
-    per_token = jax.lax.stop_gradient(behaviour_weight) * clipped_surrogate(ratio, advantages, cfg.eps_low,
-                                                                            cfg.eps_high)
+    per_token = jax.lax.stop_gradient(behaviour_weight) * clipped_surrogate(
+        ratio, advantages, cfg.eps_low, cfg.eps_high
+    )
     pg_loss = agg(per_token)
     loss = pg_loss
 
@@ -275,24 +254,17 @@ def policy_loss(logp, behaviour_logp, advantages, mask, segment_ids, cfg: LossCo
     # 5. Diagnostics (cleanrl names). approx_kl: k3 estimate of KL(mu || pi_theta).
     behaviour_log_ratio = log_ratio(logp, behaviour_logp)
     out_of_range = (ratio < 1.0 - cfg.eps_low) | (ratio > 1.0 + cfg.eps_high)
-    metrics.update({
-        "losses/policy_loss": pg_loss,
-        "losses/total_loss": loss,
-        "losses/approx_kl": masked_mean(jnp.expm1(behaviour_log_ratio) - behaviour_log_ratio, mask),
-        "losses/clipfrac": masked_mean(out_of_range, mask),
-        "losses/importance_weight_mean": masked_mean(ratio, mask),
-        "losses/importance_weight_max": jnp.max(jnp.where(mask, ratio, 0.0)),
-    })
+    metrics.update(
+        {
+            "losses/policy_loss": pg_loss,
+            "losses/total_loss": loss,
+            "losses/approx_kl": masked_mean(jnp.expm1(behaviour_log_ratio) - behaviour_log_ratio, mask),
+            "losses/clipfrac": masked_mean(out_of_range, mask),
+            "losses/importance_weight_mean": masked_mean(ratio, mask),
+            "losses/importance_weight_max": jnp.max(jnp.where(mask, ratio, 0.0)),
+        }
+    )
     return loss, metrics
-
-
-def ppo_clipped_loss(logp, behaviour_logp, advantages, mask, eps_low: float, eps_high: float, *,
-                     segment_ids=None, aggregation: str = "token-mean", max_segments: int = 8,
-                     norm_len: float | None = None):
-    """Clipped PPO against the behaviour policy: policy_loss with algorithm="ppo".
-    ratio = pi_theta / mu; loss = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)."""
-    cfg = LossConfig("ppo", eps_low, eps_high, aggregation, max_segments, norm_len=norm_len)
-    return policy_loss(logp, behaviour_logp, advantages, mask, segment_ids, cfg)
 
 
 # ----------------------------------------------------------------------------- 6. entropy, guard

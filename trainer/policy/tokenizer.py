@@ -2,6 +2,7 @@
 
 No vocabulary file to download or keep in sync between rollout workers and learner.
 """
+
 from __future__ import annotations
 
 BOS = 256

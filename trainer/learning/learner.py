@@ -1,4 +1,5 @@
 """The learner: one jitted, donated train step over fixed-shape packed batches."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,10 +13,10 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import losses, sharding
-from trainer.config import ModelConfig
-from trainer.model import init_model, split_params, token_logprobs
-from trainer.records import PackedRecord
+from trainer.contracts.records import PackedRecord
+from trainer.learning import losses, sharding
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params, token_logprobs
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_logprobs", "advantages")
 
@@ -53,8 +54,16 @@ def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch):
     proximal = jax.lax.stop_gradient(logp) if cfg.needs_proximal else None
     ref = jax.lax.stop_gradient(logprobs(ref_params)[1]) if cfg.kl_coef > 0 else None
     mask = batch["loss_mask"].astype(np.float32)
-    loss, metrics = losses.policy_loss(logp, batch["behaviour_logprobs"], batch["advantages"], mask,
-                                       batch["segment_ids"], cfg, proximal_logp=proximal, ref_logp=ref)
+    loss, metrics = losses.policy_loss(
+        logp,
+        batch["behaviour_logprobs"],
+        batch["advantages"],
+        mask,
+        batch["segment_ids"],
+        cfg,
+        proximal_logp=proximal,
+        ref_logp=ref,
+    )
     metrics["losses/entropy"] = losses.entropy(logits, mask)
     return loss, metrics
 
@@ -94,7 +103,8 @@ class Learner:
             opt_state = jax.jit(tx.init)(self.params)  # moments follow the params' layout
             # Scalars (step counts) come out on one device: replicate them over the mesh.
             opt_shardings = jax.tree.map(
-                lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else NamedSharding(mesh, P()), opt_state)
+                lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else NamedSharding(mesh, P()), opt_state
+            )
             self.opt_state = jax.device_put(opt_state, opt_shardings)
             self._batch_sharding = sharding.batch_sharding(mesh)
             self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, opt_shardings, None))

@@ -1,10 +1,11 @@
 """Pulls packed records from Pub/Sub, validates them, dead-letters what is invalid."""
+
 from __future__ import annotations
 
 import logging
 
-from trainer import pubsub_io
-from trainer.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
+from trainer.contracts import pubsub_io
+from trainer.contracts.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,13 @@ class RecordConsumer:
         self.rejected += 1
         log.error("rejected record message %s: %s", message.message_id, error)
         if self.publisher is not None:
-            pubsub_io.publish(self.publisher, self.dead_letter_topic, message.data,
-                              error=error[:1000], source_subscription=self.subscription).result(timeout=30)
+            pubsub_io.publish(
+                self.publisher,
+                self.dead_letter_topic,
+                message.data,
+                error=error[:1000],
+                source_subscription=self.subscription,
+            ).result(timeout=30)
 
     def close(self) -> None:
         self.subscriber.close()

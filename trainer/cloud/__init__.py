@@ -1,0 +1,1 @@
+"""Cloud launchers: the Vertex AI custom job and multi-host start-up."""

@@ -1,0 +1,121 @@
+"""The fixed shape of every packed record, agreed by both sides: defined here, once.
+
+A run has one *layout*: the same rows and segments per row in every length bucket, and
+one record shape [rows, b] per bucket b. The learner, the rollout pipeline, the demo and
+the planner all read their flags through `add_layout_arguments` / `layout_from_flags`, so
+the defaults and the parsing rules exist in this file only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+DEFAULT_ROWS = 4
+DEFAULT_SEQ_LEN = 256
+# Bounds the trajectories per record, which the feeder's credit rule relies on.
+DEFAULT_MAX_SEGMENTS_PER_ROW = 2
+DEFAULT_BUCKETS: tuple[int, ...] = (DEFAULT_SEQ_LEN,)
+
+
+def _positive_int(name: str, value) -> None:
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordShape:
+    """The fixed [rows, seq_len] shape of one kind of packed record."""
+
+    rows: int = DEFAULT_ROWS
+    seq_len: int = DEFAULT_SEQ_LEN
+    max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
+
+    def __post_init__(self):
+        for name in ("rows", "seq_len", "max_segments_per_row"):
+            _positive_int(name, getattr(self, name))
+
+    @property
+    def max_trajectories(self) -> int:
+        return self.rows * self.max_segments_per_row
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.rows, self.seq_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordLayout:
+    """Every record shape of a run: one [rows, b] per length bucket b, ascending."""
+
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    rows: int = DEFAULT_ROWS
+    max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
+
+    def __post_init__(self):
+        object.__setattr__(self, "buckets", tuple(self.buckets))
+        b = self.buckets
+        if not b:
+            raise ValueError("buckets must list at least one sequence length")
+        if any(type(x) is not int or x <= 0 for x in b):
+            raise ValueError(f"bucket sequence lengths must be positive ints, got {b}")
+        if any(x >= y for x, y in itertools.pairwise(b)):
+            raise ValueError(f"buckets must be strictly increasing (sorted, no duplicates), got {b}")
+        _positive_int("rows", self.rows)
+        _positive_int("max_segments_per_row", self.max_segments_per_row)
+
+    @property
+    def shapes(self) -> tuple[RecordShape, ...]:
+        """One record shape per bucket, in bucket order."""
+        return tuple(RecordShape(self.rows, s, self.max_segments_per_row) for s in self.buckets)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.buckets[-1]
+
+    @property
+    def largest(self) -> RecordShape:
+        return self.shapes[-1]
+
+    def to_flags(self) -> list[str]:
+        """The flags that give a process started with `add_layout_arguments` this layout."""
+        return [
+            f"--rows={self.rows}",
+            f"--seq_len={self.max_seq_len}",
+            f"--max_segments_per_row={self.max_segments_per_row}",
+            f"--buckets={','.join(map(str, self.buckets))}",
+        ]
+
+
+def parse_buckets(text: str | None, seq_len: int) -> tuple[int, ...]:
+    """ "128,256" -> (128, 256); None or "" -> (seq_len,). Order is checked by RecordLayout,
+    which refuses unsorted or repeated buckets instead of silently fixing them."""
+    if not text:
+        return (seq_len,)
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--buckets must be comma-separated integers, got {text!r}") from None
+
+
+def add_layout_arguments(parser) -> None:
+    """--rows, --seq_len, --max_segments_per_row, --buckets on an argparse parser (also
+    Beam's PipelineOptions parser)."""
+    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="rows per packed record")
+    parser.add_argument(
+        "--seq_len", type=int, default=DEFAULT_SEQ_LEN, help="record row length when --buckets is not given"
+    )
+    parser.add_argument(
+        "--max_segments_per_row",
+        type=int,
+        default=DEFAULT_MAX_SEGMENTS_PER_ROW,
+        help="trajectories packed into one row at most",
+    )
+    parser.add_argument(
+        "--buckets", default=None, help="record row lengths, strictly ascending, e.g. 128,256 (default: --seq_len)"
+    )
+
+
+def layout_from_flags(ns) -> RecordLayout:
+    """The layout named by flags added with `add_layout_arguments`."""
+    return RecordLayout(parse_buckets(ns.buckets, ns.seq_len), ns.rows, ns.max_segments_per_row)

@@ -1,0 +1,1 @@
+"""The learner itself: train step, losses, staleness, batching, feeder, consumer, publishing, checkpoints."""

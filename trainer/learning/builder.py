@@ -1,0 +1,174 @@
+"""The learner job's parts, one `make_*` per part, each returned fully formed (Acme's
+builder is the model): trainer.task wires them and runs the loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import jax.numpy as jnp
+
+import environments
+from trainer.contracts.record_shape import RecordLayout
+from trainer.contracts.store import PolicyStore
+from trainer.learning.batches import BatchBuffer
+from trainer.learning.checkpoint import LearnerCheckpointer
+from trainer.learning.consumer import RecordConsumer
+from trainer.learning.feeder import CreditConfig, Feeder, TrajectoryCredits
+from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.losses import LossConfig
+from trainer.learning.publisher import PolicyPublisher, learner_state_of
+from trainer.learning.sharding import make_mesh
+from trainer.learning.staleness import StalenessConfig, StalenessControl
+from trainer.learning.warmstart import warm_start
+from trainer.policy.config import model_config
+from trainer.policy.model import abstract_tree
+
+log = logging.getLogger("trainer")
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where the learner starts: from scratch, or from its newest checkpoint."""
+
+    version: int = -1  # the policy version the checkpoint had published (-1: none)
+    resumed_from_step: int | None = None
+    feeder_position: int = 0
+    consumed_ids: frozenset[str] = frozenset()
+
+    @property
+    def resumed(self) -> bool:
+        return self.resumed_from_step is not None
+
+
+def parse_mesh(text: str | None) -> tuple[int, int] | None:
+    """ "data=4,model=2" -> (4, 2); None or "" -> None (one device, no mesh)."""
+    if not text:
+        return None
+    try:
+        axes = dict(part.split("=") for part in text.split(","))
+        shape = (int(axes.pop("data", 1)), int(axes.pop("model", 1)))
+    except ValueError:
+        raise ValueError(f"--mesh must look like data=4,model=2, got {text!r}") from None
+    if axes or min(shape) < 1:
+        raise ValueError(f"--mesh takes positive sizes for the axes data and model only, got {text!r}")
+    return shape
+
+
+def make_mesh_from_flag(text: str | None):
+    shape = parse_mesh(text)
+    if shape is None:
+        return None
+    if shape[0] * shape[1] != jax.device_count():
+        raise ValueError(f"--mesh {text} needs {shape[0] * shape[1]} devices, have {jax.device_count()}")
+    return make_mesh(*shape)
+
+
+def make_learner(args, layout: RecordLayout, mesh) -> Learner:
+    loss = LossConfig(
+        algorithm=args.loss,
+        eps_low=args.eps_low,
+        eps_high=args.eps_high,
+        aggregation=args.aggregation,
+        max_segments=layout.max_segments_per_row,
+        tis_cap=args.tis_cap,
+        kl_coef=args.kl_coef,
+        kl_estimator=args.kl_estimator,
+    )
+    cfg = LearnerConfig(
+        batch_records=args.batch_records,
+        learning_rate=args.learning_rate,
+        publish_every=args.publish_every,
+        seed=args.seed,
+        loss=loss,
+    )
+    return Learner(model_config(args.model_config), cfg, mesh)
+
+
+def load_prompts(args) -> list:
+    """Training prompts: the environment's TFDS dataset when --data_dir is given (built
+    there from the local generator on first use; nothing is downloaded), else generated."""
+    environments.load_entry_points()  # environments from installed plugin packages
+    if not args.data_dir:
+        return environments.make_tasks(args.env, args.task_seed, 1000, "train")
+    from environments import datasets
+
+    datasets.build(args.env, args.data_dir, seed=args.task_seed)
+    return list(datasets.load_tasks(args.env, "train", args.data_dir))
+
+
+def make_checkpointer(args) -> LearnerCheckpointer | None:
+    return LearnerCheckpointer(args.checkpoint_dir) if args.checkpoint_dir else None
+
+
+def restore_or_initialise(learner: Learner, checkpointer, args, tasks) -> Start:
+    """The newest checkpoint's params, optimizer, reference and bookkeeping; else a warm
+    start (when asked) from the initial params. The KL reference is the policy RL starts
+    from, loaded once."""
+    if learner.cfg.loss.kl_coef > 0:
+        learner.set_reference(learner.params)  # the right shapes, for the restore target
+    restored = checkpointer.restore_latest(abstract_tree(learner_state_of(learner))) if checkpointer else None
+    if restored:
+        step, state, meta = restored
+        learner.params, learner.opt_state, learner.steps = state["params"], state["opt_state"], step
+        if "ref_params" in state:
+            learner.ref_params = state["ref_params"]
+        return Start(meta["learner_version"], step, meta["feeder_position"], frozenset(meta["consumed_ids"]))
+    if args.warmstart_steps:
+        learner.params, losses = warm_start(
+            learner.graphdef, learner.params, args.env, tasks, args.warmstart_steps, seed=args.seed
+        )
+        log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    if learner.cfg.loss.kl_coef > 0:
+        learner.set_reference(learner.params)
+    return Start()
+
+
+def make_publisher(args, learner: Learner, checkpointer, start: Start) -> PolicyPublisher:
+    return PolicyPublisher(
+        PolicyStore(args.policy_root),
+        learner,
+        checkpointer,
+        version=start.version,
+        is_primary=jax.process_index() == 0,
+        dtype=jnp.bfloat16 if args.publish_bf16 else None,
+        keep_versions=args.keep_versions,
+    )
+
+
+def make_staleness(args) -> StalenessControl:
+    return StalenessControl(StalenessConfig(args.max_staleness, args.max_mean_staleness))
+
+
+def make_credits(args, layout: RecordLayout) -> TrajectoryCredits:
+    # Same rows and segments per row in every bucket, so one credit rule covers them all.
+    cfg = CreditConfig(args.max_batches_ahead, args.batch_records, layout.largest, args.group_size)
+    return TrajectoryCredits(cfg.window)
+
+
+def make_feeder(args, tasks, credits, staleness: StalenessControl, publisher: PolicyPublisher, start: Start):
+    """Requests stamped with the oldest version they may run on; None off the primary
+    process (one feeder per job)."""
+    if jax.process_index() != 0:
+        return None
+    return Feeder(
+        args.requests_topic,
+        tasks,
+        credits,
+        args.group_size,
+        args.env,
+        args.env_config,
+        min_version=lambda: staleness.cfg.min_request_version(publisher.version),
+        start=start.feeder_position,
+    )
+
+
+def make_consumer(args, layout: RecordLayout, start: Start) -> RecordConsumer:
+    consumer = RecordConsumer(args.records_subscription, {s.key for s in layout.shapes}, args.dead_letter_topic)
+    consumer.seen_ids = set(start.consumed_ids)  # never train a record twice
+    return consumer
+
+
+def make_batches(layout: RecordLayout, learner: Learner, staleness: StalenessControl) -> BatchBuffer:
+    return BatchBuffer(layout.shapes, learner.cfg.batch_records, staleness)

@@ -1,0 +1,1 @@
+"""RL math both sides share: group-relative advantages."""
