@@ -17,6 +17,11 @@ Model-written code is hostile, so every run gets, in layers:
     SIGKILLed: its pid 1 goes, and with it every process in the namespace.
 Without bwrap (or where it cannot start) a run falls back to rlimits + uid + timeout,
 `isolated=False`, with a loud warning: the code can then read host files and use the net.
+
+This module is the public face (limits, results, run_python, choosing the mode, one run);
+the parts of a run live next to it: `_sandbox_launch` (bwrap and rlimit command lines),
+`_sandbox_procs` (throwaway uids, killing what a run left) and `_sandbox_output` (bounded
+reads of stdout/stderr).
 """
 
 from __future__ import annotations
@@ -26,10 +31,7 @@ import dataclasses
 import logging
 import math
 import os
-import random
 import re
-import resource
-import selectors
 import shutil
 import signal as _signal
 import subprocess
@@ -37,6 +39,10 @@ import sys
 import tempfile
 import threading
 import time
+
+from environments._sandbox_launch import bwrap_argv, limited, memfd
+from environments._sandbox_output import pump
+from environments._sandbox_procs import UID_BASE, alloc_uid, kill, kill_uid, tasks_of_uid
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +54,7 @@ SETPRIV_PATH: str | None = shutil.which("setpriv")
 # The distro interpreter lives under /usr, so nothing under /root or /work is bound.
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 STATUSES = ("ok", "error", "timeout", "killed", "output_limit", "sandbox_error")
-_UID_BASE, _UID_SPAN = 1_900_000_000, 1_000_000  # far above any real account
+_UID_BASE = UID_BASE  # the throwaway uids start here (tests spot sandbox processes by it)
 _BWRAP_PROCS = 2  # outer bwrap + its pid-1 reaper count against RLIMIT_NPROC too
 _FILE_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
 _AUTO = object()
@@ -204,56 +210,21 @@ def _probe(path: str | None, root: bool) -> tuple[list[str] | None, bool, str]:
 
 # --- One run -------------------------------------------------------------------------------
 
-_uid_lock = threading.Lock()
-_uid_next = random.SystemRandom().randrange(_UID_SPAN)  # random start: fewer cross-process clashes
-
-
-def _alloc_uid() -> int:
-    global _uid_next
-    with _uid_lock:
-        _uid_next += 1
-        return _UID_BASE + _uid_next % _UID_SPAN
-
 
 def _run(
     blobs: dict[str, bytes], stdin: bytes, limits: SandboxLimits, bw: list[str] | None, drop: bool, warnings: list[str]
 ) -> SandboxResult:
-    uid = _alloc_uid() if drop else None
+    uid = alloc_uid() if drop else None
     nproc = limits.max_processes + (_BWRAP_PROCS if bw else 0)
     if uid is None:  # our own uid: its other processes count against the same limit
-        nproc += _tasks_of_uid(os.getuid())
+        nproc += tasks_of_uid(os.getuid())
     # -I: no env vars or user site; -S: no site; -B: no .pyc; -u: output survives a kill.
     inner = [PYTHON, "-I", "-S", "-B", "-u", "main.py"]
     fds: list[int] = []
     workdir = None
     try:
         if bw:
-            argv = [
-                *bw,
-                "--unshare-all",
-                "--unshare-user",
-                "--uid",
-                "65534",
-                "--gid",
-                "65534",
-                "--die-with-parent",
-                "--new-session",
-                "--clearenv",
-                "--setenv",
-                "PATH",
-                "/usr/bin:/bin",
-                *_ro_binds(),
-                "--dev",
-                "/dev",
-                "--size",
-                str(limits.tmp_bytes),
-                "--tmpfs",
-                "/tmp",
-            ]
-            for name, blob in blobs.items():
-                fds.append(_memfd(blob))
-                argv += ["--file", str(fds[-1]), f"/tmp/{name}"]
-            argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--", *inner]
+            argv = bwrap_argv(bw, limits.tmp_bytes, blobs, inner, fds, PYTHON)
             cwd, env = "/", {}
         else:
             workdir = tempfile.mkdtemp(prefix="sandbox-")
@@ -264,8 +235,9 @@ def _run(
                 for p in [workdir, *(os.path.join(workdir, n) for n in blobs)]:
                     os.chown(p, uid, uid)
             argv, cwd, env = inner, workdir, {"PATH": "/usr/bin:/bin"}
-        argv, kwargs = _limited(argv, limits, nproc, uid)
-        fds.append(_memfd(stdin))  # a file, not a pipe: nothing to feed, nothing to block on
+        # Read the paths now, not at import: tests and deployments override them on this module.
+        argv, kwargs = limited(argv, limits, nproc, uid, PRLIMIT_PATH, SETPRIV_PATH)
+        fds.append(memfd(stdin))  # a file, not a pipe: nothing to feed, nothing to block on
         start = time.monotonic()
         proc = subprocess.Popen(
             argv,
@@ -282,17 +254,17 @@ def _run(
             os.close(fd)
         fds = []
         try:
-            out, err, timed_out = _pump(proc, limits, start + limits.wall_seconds)
+            out, err, timed_out = pump(proc, limits.max_output_bytes, start + limits.wall_seconds)
         finally:
             killed = proc.poll() is None
-            _kill(proc, group=bw is None)  # bwrap dies => its pid 1 => the whole namespace
+            kill(proc, group=bw is None)  # bwrap dies => its pid 1 => the whole namespace
             proc.wait()
             proc.stdout.close()
             proc.stderr.close()
             if uid is not None and (bw is None or killed):
                 # Fallback: no pid namespace takes strays down. bwrap: pid 1 dies
                 # asynchronously after a kill; this makes the cleanup synchronous.
-                _kill_uid(uid)
+                kill_uid(uid, PYTHON)
         wall = time.monotonic() - start
     finally:
         for fd in fds:
@@ -330,144 +302,3 @@ def _result(rc, out, err, timed_out, wall, isolated, warnings) -> SandboxResult:
         isolated=isolated,
         warnings=warnings,
     )
-
-
-def _limited(argv: list[str], limits: SandboxLimits, nproc: int, uid: int | None):
-    """Wrap argv so rlimits (and the uid drop) happen in the child, before anything runs."""
-    rl = {
-        resource.RLIMIT_CPU: (limits.cpu_seconds, limits.cpu_seconds + 1),
-        resource.RLIMIT_AS: (limits.memory_bytes,) * 2,
-        resource.RLIMIT_NPROC: (nproc,) * 2,
-        resource.RLIMIT_FSIZE: (limits.max_file_bytes,) * 2,
-        resource.RLIMIT_CORE: (0, 0),
-    }
-    if PRLIMIT_PATH and (uid is None or SETPRIV_PATH):
-        pre = [
-            PRLIMIT_PATH,
-            f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
-            f"--as={limits.memory_bytes}",
-            f"--nproc={nproc}",
-            f"--fsize={limits.max_file_bytes}",
-            "--core=0",
-            "--",
-        ]
-        if uid is not None:
-            pre += [SETPRIV_PATH, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-        return pre + argv, {}
-
-    def preexec() -> None:  # setrlimit only: no imports, no locks, after the uid drop
-        for which, pair in rl.items():
-            resource.setrlimit(which, pair)
-
-    kw = {"preexec_fn": preexec}
-    if uid is not None:
-        kw.update(user=uid, group=uid, extra_groups=[])
-    return argv, kw
-
-
-def _pump(proc, limits: SandboxLimits, deadline: float):
-    """Read stdout/stderr up to the cap; stop at the deadline or the cap."""
-    cap = limits.max_output_bytes
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    trunc = {proc.stdout: False, proc.stderr: False}
-    sel = selectors.DefaultSelector()
-    for f in bufs:
-        os.set_blocking(f.fileno(), False)
-        sel.register(f, selectors.EVENT_READ)
-    timed_out = False
-    try:
-        while sel.get_map() and not any(trunc.values()):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            # Once the program itself has exited, drain what is buffered and stop: strays
-            # holding the pipes open (possible in the fallback) must not keep us here.
-            exited = proc.poll() is not None
-            events = sel.select(0 if exited else min(left, 0.05))
-            if exited and not events:
-                break
-            for key, _ in events:
-                f = key.fileobj
-                try:
-                    data = os.read(f.fileno(), 64 * KiB)
-                except BlockingIOError:
-                    continue
-                if not data:
-                    sel.unregister(f)
-                    continue
-                room = cap - len(bufs[f])
-                bufs[f] += data[:room]
-                trunc[f] = trunc[f] or len(data) > room
-        if not timed_out and not any(trunc.values()):
-            try:  # output closed; the program may still be running
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-    finally:
-        sel.close()
-    text = {f: b.decode("utf-8", "replace") for f, b in bufs.items()}
-    return ((text[proc.stdout], trunc[proc.stdout]), (text[proc.stderr], trunc[proc.stderr]), timed_out)
-
-
-def _kill(proc, group: bool) -> None:
-    proc.kill()  # a no-op once reaped, so it cannot hit a recycled pid
-    if group:  # the fallback's strays; their membership keeps the pgid from being reused
-        try:
-            os.killpg(proc.pid, _signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _kill_uid(uid: int) -> None:
-    """Kill every process of `uid`: kill(-1) sent AS that uid reaches exactly those."""
-    subprocess.run(
-        [PYTHON, "-I", "-S", "-c", "import os; os.kill(-1, 9)"],
-        user=uid,
-        group=uid,
-        extra_groups=[],
-        env={},
-        cwd="/",
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=10,
-        check=False,
-    )
-
-
-def _tasks_of_uid(uid: int) -> int:
-    """Threads owned by `uid` now (RLIMIT_NPROC counts them all, per real uid)."""
-    n = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/status") as fh:
-                st = dict(line.split(":", 1) for line in fh if ":" in line)
-            if int(st["Uid"].split()[0]) == uid:
-                n += int(st["Threads"])
-        except (OSError, KeyError, ValueError):
-            continue
-    return n
-
-
-def _ro_binds() -> list[str]:
-    args: list[str] = []
-    for p in ("/usr", "/bin", "/lib", "/lib64"):  # merged-/usr systems: the rest are symlinks
-        if os.path.islink(p):
-            args += ["--symlink", os.readlink(p), p]
-        elif os.path.isdir(p):
-            args += ["--ro-bind", p, p]
-    prefix = os.path.dirname(os.path.dirname(os.path.realpath(PYTHON)))
-    if not prefix.startswith("/usr"):  # e.g. a pyenv build: bind its prefix only
-        args += ["--ro-bind", prefix, prefix]
-    return args
-
-
-def _memfd(blob: bytes) -> int:
-    fd = os.memfd_create("sandbox-file", 0)  # bwrap --file copies it into the tmpfs
-    view = memoryview(blob)
-    while view:
-        view = view[os.write(fd, view) :]
-    try:  # hand out a read-only descriptor: the program must not grow our memory through it
-        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
-    finally:
-        os.close(fd)

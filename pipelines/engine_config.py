@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 from pipelines.episodes import EpisodeLimits
+from trainer.contracts.record_shape import DEFAULT_SEQ_LEN
 from trainer.policy.config import MODEL_CONFIGS
 from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
 
@@ -23,14 +24,14 @@ class EngineConfig:
     commit_interval_s: float = 0.2  # how often finished groups are committed downstream
     request_shards: int = 4  # keys requests are spread over (state and timers are per key)
     max_new_tokens_per_turn: int = 32
-    max_tokens: int = 256  # a whole trajectory, prompt included: the largest record bucket
+    max_tokens: int = DEFAULT_SEQ_LEN  # a whole trajectory, prompt included: the largest record bucket
     policy_poll_s: float = 1.0
     # How long a worker waits for the first policy version, and for a request's minimum one.
     policy_wait_s: float = 300.0
     advantage_estimator: str = "grpo"
 
     def __post_init__(self):
-        if not self.policy_root:
+        if not isinstance(self.policy_root, str) or not self.policy_root:
             raise ValueError("policy_root must name the policy store")
         if self.model_config not in MODEL_CONFIGS:
             raise ValueError(f"model_config must be one of {sorted(MODEL_CONFIGS)}, got {self.model_config!r}")

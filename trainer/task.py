@@ -20,11 +20,12 @@ from trainer.contracts.record_shape import add_layout_arguments, layout_from_fla
 from trainer.learning import builder as B
 from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 from trainer.learning.run_stats import RunStats
+from trainer.policy.config import MODEL_CONFIGS
 
 log = logging.getLogger("trainer")
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--requests_topic", required=True)
     p.add_argument("--records_subscription", required=True)
@@ -33,7 +34,7 @@ def parse_args(argv):
     p.add_argument(
         "--policy_root", default=os.environ.get("AIP_MODEL_DIR"), required=os.environ.get("AIP_MODEL_DIR") is None
     )
-    p.add_argument("--model_config", default="tiny")
+    p.add_argument("--model_config", default="tiny", choices=sorted(MODEL_CONFIGS))
     p.add_argument("--max_steps", type=int, default=20)
     p.add_argument("--timeout_s", type=float, default=600.0, help="give up (exit 1) after this long")
     p.add_argument("--batch_records", type=int, default=2)
@@ -92,7 +93,11 @@ def parse_args(argv):
         "a restarted learner resumes from the newest",
     )
     p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
 
 
 def run(args) -> dict:

@@ -73,7 +73,9 @@ def _check_traj_types(obj: dict) -> None:
     for key in ("row", "segment", "num_tokens"):
         if type(obj[key]) is not int:  # bool is an int subclass: refuse it too
             raise RecordError(f"trajectory {key} must be an int, got {obj[key]!r:.50}")
-    if type(obj["reward"]) not in (int, float) or not math.isfinite(obj["reward"]):
+    reward = obj["reward"]
+    # An int too large for a float (JSON allows 10**400) must be refused, not overflow.
+    if type(reward) not in (int, float) or (type(reward) is int and abs(reward) > 2**53) or not math.isfinite(reward):
         raise RecordError(f"trajectory reward must be a finite number, got {obj['reward']!r:.50}")
     if not isinstance(obj["trajectory_id"], str) or not obj["trajectory_id"]:
         raise RecordError(f"trajectory_id must be a non-empty str, got {obj['trajectory_id']!r:.50}")

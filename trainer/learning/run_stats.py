@@ -50,6 +50,7 @@ class RunStats:
         wall = time.monotonic() - self.started
         return {
             "steps": learner.steps,
+            "mesh": dict(learner.mesh.shape) if learner.mesh is not None else None,
             "resumed_from_step": start.resumed_from_step,
             "trained_record_ids": sorted(self.trained_ids),
             "policy_versions_published": publisher.published,

@@ -1,0 +1,69 @@
+"""One record layout, parsed by one function, read the same way by both sides."""
+
+import argparse
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipelines.options import RolloutOptions, packing_config
+from trainer import task
+from trainer.contracts.record_shape import (
+    DEFAULT_BUCKETS,
+    DEFAULT_MAX_SEGMENTS_PER_ROW,
+    DEFAULT_ROWS,
+    RecordLayout,
+    RecordShape,
+    add_layout_arguments,
+    layout_from_flags,
+    parse_buckets,
+)
+
+LEARNER_FLAGS = ["--requests_topic=t", "--records_subscription=s", "--policy_root=/x"]
+
+
+def parse(flags: list[str]) -> RecordLayout:
+    parser = argparse.ArgumentParser()
+    add_layout_arguments(parser)
+    return layout_from_flags(parser.parse_args(flags))
+
+
+def test_defaults_are_the_contracts():
+    assert parse([]) == RecordLayout() == RecordLayout(DEFAULT_BUCKETS, DEFAULT_ROWS, DEFAULT_MAX_SEGMENTS_PER_ROW)
+    assert RecordLayout().shapes == (RecordShape(),)
+
+
+@pytest.mark.parametrize("text", ["256,128", "128,128", "0,128", "-64"])
+def test_unsorted_repeated_or_non_positive_buckets_are_refused_not_fixed(text):
+    with pytest.raises(ValueError, match="bucket"):
+        parse([f"--buckets={text}"])
+
+
+def test_non_integer_buckets_are_refused():
+    with pytest.raises(ValueError, match="comma-separated integers"):
+        parse_buckets("128,big", 256)
+
+
+@given(
+    buckets=st.lists(st.integers(1, 4096), min_size=1, max_size=4, unique=True).map(sorted),
+    rows=st.integers(1, 16),
+    segments=st.integers(1, 16),
+)
+def test_to_flags_round_trips(buckets, rows, segments):
+    layout = RecordLayout(tuple(buckets), rows, segments)
+    assert parse(layout.to_flags()) == layout
+    assert [s.seq_len for s in layout.shapes] == buckets and layout.max_seq_len == buckets[-1]
+    assert all(s.max_trajectories == rows * segments for s in layout.shapes)
+
+
+def test_learner_and_pipeline_read_the_same_flags_the_same_way():
+    flags = RecordLayout((128, 512), 8, 4).to_flags()
+    learner = layout_from_flags(task.parse_args(LEARNER_FLAGS + flags))
+    pipeline = packing_config(PipelineOptions(flags).view_as(RolloutOptions)).layout
+    assert learner == pipeline == RecordLayout((128, 512), 8, 4)
+
+
+def test_the_learner_refuses_unsorted_buckets_at_start():
+    with pytest.raises(ValueError, match="strictly increasing"):
+        layout_from_flags(task.parse_args([*LEARNER_FLAGS, "--buckets=512,128"]))
