@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
+from localstack.heldout import format_held_out, held_out_summary, read_rows
 from localstack.processes import ProcessGroup
 from localstack.pubsub_emulator import PubSubEmulator
 from trainer.contracts.record_shape import RecordLayout
@@ -52,6 +55,11 @@ def parse_args(argv):
         default=200,
         help="behaviour cloning on oracle episodes before v0, so RL starts with signal",
     )
+    p.add_argument("--eval_n", type=int, default=256, help="held-out test tasks per evaluated version (0: off)")
+    p.add_argument("--eval_modes", default="sampled,greedy", help="sampled (temperature 1) and/or greedy")
+    p.add_argument("--target", type=float, default=0.9, help="held-out success the summary reports reaching")
+    p.add_argument("--learner_flags", default="", help="extra flags for trainer.task, e.g. '--learning_rate=0'")
+    p.add_argument("--pipeline_flags", default="", help="extra flags for pipelines.rollout")
     return p.parse_args(argv)
 
 
@@ -79,6 +87,7 @@ def run_local(args) -> dict:
             f"--policy_poll_s={args.policy_poll_s}",
             f"--max_wait_s={args.max_wait_s}",
             *shape,
+            *shlex.split(args.pipeline_flags),
         ]
         learner_cmd = [
             py,
@@ -101,10 +110,28 @@ def run_local(args) -> dict:
             f"--env_config={json.dumps({'tool_latency': args.tool_latency})}",
             f"--data_dir={workdir / 'datasets'}",
             *shape,
+            *shlex.split(args.learner_flags),
         ]
+        # Held-out evaluation, its own process: it reads the store, never the records topic.
+        eval_cmd = [
+            py,
+            "-m",
+            "pipelines.evaluator",
+            f"--policy_root={store}",
+            f"--out={workdir / 'eval.jsonl'}",
+            f"--env={args.env}",
+            f"--n={args.eval_n}",
+            f"--modes={args.eval_modes}",
+            f"--data_dir={workdir / 'datasets'}",
+            f"--stop_file={workdir / 'final_version'}",
+            f"--timeout_s={args.timeout_s + 600}",
+            f"--max_tokens={RecordLayout().max_seq_len}",
+        ]
+        evaluating = args.eval_n > 0
         with (
             ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env) as pipeline,
             ProcessGroup(learner_cmd, workdir / "learner.log", env) as learner,
+            ProcessGroup(eval_cmd, workdir / "evaluator.log", env) if evaluating else nullcontext() as evaluator,
         ):
             deadline = time.monotonic() + args.timeout_s + 60
             while learner.poll() is None:
@@ -115,10 +142,29 @@ def run_local(args) -> dict:
                 time.sleep(0.5)
             if learner.poll() != 0:
                 raise DemoFailed(f"learner exited with {learner.poll()}:\n{learner.log_tail()}")
+            if evaluating:  # score the final version too, then stop
+                final = json.loads(summary_path.read_text())["policy_versions_published"][-1]
+                (workdir / "final_version").write_text(str(final))
+                wait_for(evaluator, 900, "evaluator")
     summary = json.loads(summary_path.read_text())
+    rows = read_rows(workdir / "eval.jsonl")
+    summary["held_out"] = held_out_summary(rows, args.target) if rows else {}
+    summary["eval_n"] = args.eval_n
     summary["workdir"] = str(workdir)
     summary["pids"] = {"pipeline": pipeline.pid, "learner": learner.pid}
+    if evaluating:
+        summary["pids"]["evaluator"] = evaluator.pid
     return summary
+
+
+def wait_for(proc: ProcessGroup, timeout_s: float, name: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise DemoFailed(f"{name} still running after {timeout_s}s:\n{proc.log_tail()}")
+        time.sleep(0.5)
+    if proc.poll() != 0:
+        raise DemoFailed(f"{name} exited with {proc.poll()}:\n{proc.log_tail()}")
 
 
 def print_summary(s: dict) -> None:
@@ -134,6 +180,8 @@ def print_summary(s: dict) -> None:
     print(f"mean reward              {s['mean_reward']}")
     print(f"records by policy ver.   {s['records_by_max_policy_version']}")
     print(f"wall time                {s['wall_s']} s, learner duty cycle {s['learner_duty_cycle']}")
+    for line in format_held_out(s.get("held_out", {}), s.get("eval_n")):
+        print(line)
     print(f"logs and policy store    {s['workdir']}")
 
 

@@ -44,6 +44,7 @@ class _Outcome:
     status: str = EpisodeStatus.FINISHED.value
     env_latency_s: float = 0.0
     turns: int = 0
+    info: dict = dataclasses.field(default_factory=dict)  # the environment's last step info
 
 
 def end_of_turn(generated: list[int]) -> bool:
@@ -70,6 +71,7 @@ async def run_episode(engine: InferenceEngine, env: Environment, task: Task, lim
             if result is None:
                 return out  # timeout or environment error: status set
             out.reward += float(result.reward)
+            out.info = result.info
             if result.done:
                 status = result.info.get("status") or EpisodeStatus.FINISHED
                 out.status = getattr(status, "value", str(status))

@@ -93,7 +93,9 @@ def run(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # force: absl (imported by orbax and tfds) installs a root handler first, which would
+    # swallow our lines.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_QuietAsyncWrapper())
     run(sys.argv[1:])

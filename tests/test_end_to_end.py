@@ -31,6 +31,7 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
             "--policy_poll_s=0.2",
             "--timeout_s=400",
             "--warmstart_steps=0",
+            "--eval_n=16",
         ]
     )
     s = run_local(args)
@@ -48,6 +49,11 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     assert s["tokens_consumed"] > 0 and s["trajectories"] > 0
     assert s["compiled_train_steps"] == 1  # fixed shapes: one compile for every step
     assert 0.0 <= s["mean_reward"] <= 1.0
+    # The evaluator scored v0 and the final version, in both modes, beside the learner.
+    for mode in ("sampled", "greedy"):
+        held = s["held_out"][mode]
+        assert held["first"]["version"] == 0 and held["last"]["version"] == s["policy_versions_published"][-1]
+        assert 0.0 <= held["last"]["success"] <= 1.0
 
     for pid in s["pids"].values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -71,6 +77,7 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
             "--timeout_s=400",
             "--sync",
             "--keep_versions=2",
+            "--eval_n=0",
         ]
     )
     s = run_local(args)

@@ -151,7 +151,9 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # force: absl (imported by orbax and tfds) installs a root handler first, which would
+    # swallow our lines.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     args = parse_args(argv)
     # Multi-host (a TPU slice of several hosts): join the JAX cluster before any JAX work.
     dist = maybe_initialize_distributed(read_vertex_env())

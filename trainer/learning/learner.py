@@ -26,6 +26,9 @@ class LearnerConfig:
     batch_records: int = 2  # records per step; a step sees batch_records * rows sequences
     learning_rate: float = 3e-4
     max_grad_norm: float = 1.0
+    # Off by default (Adam, as in PPO): with it, a batch whose advantages are all zero
+    # would still move the weights.
+    weight_decay: float = 0.0
     publish_every: int = 5  # steps between policy versions
     seed: int = 0
     loss: losses.LossConfig = dataclasses.field(default_factory=losses.LossConfig)
@@ -33,8 +36,11 @@ class LearnerConfig:
     def __post_init__(self):
         if self.batch_records < 1:
             raise ValueError(f"batch_records must be >= 1, got {self.batch_records}")
-        if self.learning_rate <= 0 or self.max_grad_norm <= 0:
-            raise ValueError("learning_rate and max_grad_norm must be positive")
+        # learning_rate 0 is the RL-off control: the same run, no policy update.
+        if not self.learning_rate >= 0 or self.max_grad_norm <= 0:
+            raise ValueError("learning_rate must be >= 0 and max_grad_norm positive")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.publish_every < 1:
             raise ValueError(f"publish_every must be >= 1, got {self.publish_every}")
 
@@ -89,7 +95,9 @@ class Learner:
     def __init__(self, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None):
         self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
         self.graphdef, params = split_params(init_model(model_cfg, cfg.seed))
-        tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(cfg.learning_rate))
+        tx = optax.chain(
+            optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
+        )
         step = functools.partial(_train_step, self.graphdef, tx, cfg.loss)
         self.ref_params = None  # set once by set_reference(); only read when kl_coef > 0
         self.skipped_nonfinite = 0

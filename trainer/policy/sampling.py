@@ -5,7 +5,8 @@ or the token it sampled last) into its KV cache and samples the token that follo
 last valid one. Two chunk sizes are compiled: P = 1 for decoding and P = `prefill` for
 catching up on prompts and observations; nothing else ever recompiles. Sampling is at
 temperature 1 so the recorded log-prob is exactly the learner's log-prob of the same
-token under the same parameters.
+token under the same parameters. `greedy=True` takes the argmax instead (evaluation
+only: such tokens are not samples of the policy and never reach training).
 """
 
 from __future__ import annotations
@@ -22,17 +23,19 @@ from trainer.policy.model import init_model, split_params
 
 
 class Sampler:
-    def __init__(self, cfg: ModelConfig, slots: int, length: int, prefill: int = 16, seed: int = 0):
+    def __init__(
+        self, cfg: ModelConfig, slots: int, length: int, prefill: int = 16, seed: int = 0, greedy: bool = False
+    ):
         if length > cfg.max_seq_len:
             raise ValueError(f"sampler length {length} exceeds the model's max_seq_len {cfg.max_seq_len}")
         if slots < 1 or prefill < 1:
             raise ValueError(f"need slots >= 1 and prefill >= 1, got {slots}, {prefill}")
-        self.cfg, self.slots, self.length, self.prefill = cfg, slots, length, prefill
+        self.cfg, self.slots, self.length, self.prefill, self.greedy = cfg, slots, length, prefill, greedy
         model = init_model(cfg)
         self.graphdef, self.abstract_params = split_params(model)
         self.cache = model.init_cache(slots, length)
         self._key = jax.random.key(seed)
-        self._step = jax.jit(functools.partial(_chunk_step, self.graphdef), donate_argnums=(1,))
+        self._step = jax.jit(functools.partial(_chunk_step, self.graphdef, greedy), donate_argnums=(1,))
 
     def step(self, params, tokens: np.ndarray, start: np.ndarray, n_valid: np.ndarray | None = None):
         """tokens [S, P] (P is 1 or `prefill`), written at positions start[s] + 0..P-1;
@@ -56,10 +59,10 @@ class Sampler:
         return self._step._cache_size()
 
 
-def _chunk_step(graphdef, params, cache, tokens, start, n_valid, key):
+def _chunk_step(graphdef, greedy, params, cache, tokens, start, n_valid, key):
     logits, cache = nnx.merge(graphdef, params).decode(tokens, start, cache)
     last = jnp.clip(n_valid - 1, 0, tokens.shape[1] - 1)
     logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # [S, vocab]
-    nxt = jax.random.categorical(key, logits, axis=-1)
+    nxt = jnp.argmax(logits, axis=-1) if greedy else jax.random.categorical(key, logits, axis=-1)
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
     return nxt.astype(jnp.int32), logp, cache

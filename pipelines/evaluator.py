@@ -1,0 +1,145 @@
+"""The evaluator: scores every published policy version on held-out tasks, beside the
+learner and outside the training data path.
+
+    python -m pipelines.evaluator --policy_root RUN/policy-store --env calculator \\
+        --n 256 --out RUN/eval.jsonl [--stop_file RUN/final_version]
+
+Its own process: locally the demo starts it next to the learner; in the cloud it runs
+next to the Vertex AI learner job (or anywhere) against the gs:// store. It polls the
+store and evaluates the newest version it has not scored yet, in every mode (sampled at
+temperature 1, and greedy), on N test-split tasks; versions published while it was busy
+are skipped and counted, never queued without bound. Each (version, mode) becomes one
+JSON row of --out: success, mean turns, tool-call error rate, episode statuses, the
+version's learner step and publish time. With --stop_file, once that file holds the final
+version number, it scores that version too and exits. Its episodes never produce
+trajectories or records, so evaluation never trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from flax import nnx
+
+import environments
+from pipelines.episodes import EpisodeLimits
+from pipelines.evaluation import MODES, evaluate
+from trainer.contracts.record_shape import DEFAULT_SEQ_LEN
+from trainer.contracts.store import PolicyStore, StoreError
+from trainer.policy.config import MODEL_CONFIGS, model_config
+from trainer.policy.model import abstract_tree
+from trainer.policy.sampling import Sampler
+
+log = logging.getLogger("evaluator")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy_root", required=True)
+    p.add_argument("--out", required=True, help="JSONL file, one row per (version, mode)")
+    p.add_argument("--env", default="calculator")
+    p.add_argument("--env_config", type=json.loads, default={}, help="JSON; tool latency is off unless given")
+    p.add_argument("--n", type=int, default=256, help="held-out tasks per evaluation")
+    p.add_argument("--task_seed", type=int, default=0)
+    p.add_argument("--data_dir", default=None, help="read the test split from the environment's TFDS dataset")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES}")
+    p.add_argument("--model_config", default="tiny", choices=sorted(MODEL_CONFIGS))
+    p.add_argument("--max_tokens", type=int, default=DEFAULT_SEQ_LEN, help="episode length cap (largest bucket)")
+    p.add_argument("--max_new_tokens_per_turn", type=int, default=32)
+    p.add_argument("--slots", type=int, default=64, help="episodes decoded at once")
+    p.add_argument("--poll_s", type=float, default=1.0)
+    p.add_argument("--stop_file", default=None, help="holds the final version once the learner is done")
+    p.add_argument("--timeout_s", type=float, default=3600.0, help="give up (exit 1) after this long")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def held_out_tasks(args) -> list:
+    environments.load_entry_points()
+    if not args.data_dir:
+        return environments.make_tasks(args.env, args.task_seed, args.n, "test")
+    from environments import datasets
+
+    datasets.build(args.env, args.data_dir, seed=args.task_seed)
+    return list(datasets.load_tasks(args.env, "test", args.data_dir))[: args.n]
+
+
+def final_version(stop_file: str | None) -> int | None:
+    if not stop_file or not Path(stop_file).exists():
+        return None
+    text = Path(stop_file).read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def run(args) -> list[dict]:
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        raise SystemExit(f"--modes must name some of {MODES}, got {args.modes!r}")
+    cfg = model_config(args.model_config)
+    tasks = held_out_tasks(args)
+    limits = EpisodeLimits(max_new_tokens_per_turn=args.max_new_tokens_per_turn, max_tokens=args.max_tokens)
+    samplers = {m: Sampler(cfg, args.slots, args.max_tokens, seed=args.seed, greedy=m == "greedy") for m in modes}
+    store, target = PolicyStore(args.policy_root), abstract_tree(nnx.to_pure_dict(samplers[modes[0]].abstract_params))
+    out, rows, done, skipped = Path(args.out), [], -1, 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.timeout_s
+    while time.monotonic() < deadline:
+        final = final_version(args.stop_file)
+        try:
+            versions = [v for v in store.versions() if v > done]
+        except StoreError as e:
+            log.warning("store unreadable, retrying: %s", e)
+            versions = []
+        if not versions:
+            if final is not None and done >= final:
+                return rows
+            time.sleep(args.poll_s)
+            continue
+        version = versions[-1]  # the newest: a curve with gaps beats a queue that falls behind
+        skipped += len(versions) - 1
+        try:
+            params, meta = store.load(version, target), store.read_metadata(version)
+        except StoreError as e:  # gc'ed meanwhile, or being written: try the next poll
+            log.warning("cannot load version %d: %s", version, e)
+            time.sleep(args.poll_s)
+            continue
+        for mode in modes:
+            row = {
+                "version": version,
+                "step": meta.get("metadata", {}).get("step"),
+                "mode": mode,
+                "published_at": meta.get("written_at"),
+                "evaluated_at": time.time(),
+                "skipped_versions": skipped,
+                **evaluate(params, samplers[mode], args.env, tasks, limits, args.env_config),
+            }
+            rows.append(row)
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            log.info(
+                "eval v%d %s: success %.3f over %d tasks (%.1fs)",
+                version,
+                mode,
+                row["success"],
+                row["n"],
+                row["eval_s"],
+            )
+        done = version
+    raise SystemExit(f"evaluator timed out after {args.timeout_s}s at version {done}")
+
+
+def main(argv=None) -> int:
+    # force: absl (imported by orbax and tfds) installs a root handler first, which would
+    # swallow our lines.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    run(build_parser().parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

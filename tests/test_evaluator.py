@@ -1,0 +1,94 @@
+"""The evaluator scores policy versions from the store on held-out tasks, in its own
+process, and never publishes anything: its episodes cannot reach the records topic."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+from flax import nnx
+
+from localstack.heldout import held_out_summary, read_rows
+from localstack.processes import ProcessGroup
+from trainer.contracts import pubsub_io
+from trainer.contracts.store import PolicyStore
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params
+
+KEYS = {
+    "version",
+    "step",
+    "mode",
+    "published_at",
+    "evaluated_at",
+    "n",
+    "success",
+    "mean_turns",
+    "tool_error_rate",
+    "status",
+    "skipped_versions",
+    "tool_calls_per_episode",
+    "malformed_rate",
+    "eval_s",
+    "mean_reward",
+}
+
+
+def publish(store: PolicyStore, version: int, seed: int) -> None:
+    params = nnx.to_pure_dict(split_params(init_model(ModelConfig(), seed))[1])
+    store.publish(version, params, {"step": 5 * version})
+
+
+def run_evaluator(tmp_path, store_dir, final: int, n: int = 12) -> list[dict]:
+    (tmp_path / "final").write_text(str(final))
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.evaluator",
+        f"--policy_root={store_dir}",
+        f"--out={tmp_path / 'eval.jsonl'}",
+        f"--n={n}",
+        f"--stop_file={tmp_path / 'final'}",
+        "--slots=16",
+        "--timeout_s=240",
+    ]
+    with ProcessGroup(cmd, tmp_path / "evaluator.log", {**os.environ, "JAX_PLATFORMS": "cpu"}) as proc:
+        deadline = time.monotonic() + 280
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert proc.poll() == 0, proc.log_tail()
+    return read_rows(tmp_path / "eval.jsonl")
+
+
+@pytest.mark.timeout(400)
+def test_scores_the_newest_version_in_both_modes_and_counts_what_it_skipped(tmp_path):
+    store = PolicyStore(tmp_path / "store")
+    for v in range(3):
+        publish(store, v, seed=v)
+    rows = run_evaluator(tmp_path, tmp_path / "store", final=2)
+    # Three versions were waiting: it scored the newest, and says it skipped two.
+    assert [(r["version"], r["mode"]) for r in rows] == [(2, "sampled"), (2, "greedy")]
+    for r in rows:
+        assert KEYS <= set(r) and r["n"] == 12 and r["step"] == 10 and r["skipped_versions"] == 2
+        assert 0.0 <= r["success"] <= 1.0 and sum(r["status"].values()) == 12
+    summary = held_out_summary(rows)
+    assert summary["sampled"]["first"]["version"] == summary["sampled"]["last"]["version"] == 2
+
+
+@pytest.mark.timeout(400)
+def test_evaluation_never_reaches_the_records_topic(pubsub_emulator, unique_name, tmp_path):
+    records = unique_name("records")
+    pubsub_emulator.create_topic(records)
+    sub = pubsub_emulator.create_subscription(records + "-sub", records)
+    store = PolicyStore(tmp_path / "store")
+    publish(store, 0, seed=0)
+    rows = run_evaluator(tmp_path, tmp_path / "store", final=0)  # PUBSUB_EMULATOR_HOST is set for it
+    assert {r["mode"] for r in rows} == {"sampled", "greedy"} and sum(r["n"] for r in rows) == 24
+    subscriber = pubsub_io.subscriber_client()
+    try:
+        assert pubsub_io.pull(subscriber, sub, 100, 2.0) == []  # 24 episodes ran; nothing was published
+    finally:
+        subscriber.close()
+    log = (tmp_path / "evaluator.log").read_text()
+    assert "eval v0 sampled" in log and json.dumps(rows[0])  # rows are plain JSON
