@@ -31,6 +31,7 @@ setup(
             "gcp-storage-emulator>=2026.7.19",
             "ruff>=0.6",
             "import-linter>=2.0",
+            "matplotlib>=3.8",  # benchmark and run-report plots
         ],
     },
 )

@@ -14,13 +14,14 @@ import shlex
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 
 from localstack.heldout import format_held_out, held_out_summary, read_rows
 from localstack.processes import ProcessGroup
 from localstack.pubsub_emulator import PubSubEmulator
 from trainer.contracts.record_shape import RecordLayout
+from trainer.contracts.store import LATEST
 
 TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
 
@@ -32,14 +33,20 @@ class DemoFailed(RuntimeError):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--workdir", default=None, help="logs, policy store and summary (default: a temp dir)")
-    p.add_argument("--max_steps", type=int, default=20)
-    p.add_argument("--publish_every", type=int, default=5)
+    p.add_argument("--max_steps", type=int, default=60)
+    p.add_argument("--publish_every", type=int, default=2)
     p.add_argument("--keep_versions", type=int, default=5, help="policy versions kept in the store")
-    p.add_argument("--batch_records", type=int, default=2)
-    p.add_argument("--group_size", type=int, default=4)
+    p.add_argument("--batch_records", type=int, default=8, help="records per learner step (up to 8 episodes each)")
+    p.add_argument("--group_size", type=int, default=8, help="episodes per prompt (GRPO group)")
+    p.add_argument("--learning_rate", type=float, default=3e-4)
+    p.add_argument(
+        "--keep_zero_signal",
+        action="store_true",
+        help="also train on groups whose rewards are all equal (they carry no gradient, only dilute it)",
+    )
     p.add_argument("--env", default="calculator", help="calculator, guess or code (any registered name)")
     p.add_argument(
-        "--tool_latency", default="fixed:0.05", help="per tool call: none, fixed:S, uniform:A:B, lognormal:M:S"
+        "--tool_latency", default="fixed:0.5", help="per tool call: none, fixed:S, uniform:A:B, lognormal:M:S"
     )
     p.add_argument("--policy_poll_s", type=float, default=0.5)
     p.add_argument("--max_wait_s", type=float, default=1.0)
@@ -52,11 +59,20 @@ def parse_args(argv):
     p.add_argument(
         "--warmstart_steps",
         type=int,
-        default=200,
+        default=1200,
         help="behaviour cloning on oracle episodes before v0, so RL starts with signal",
+    )
+    p.add_argument("--warmstart_batch", type=int, default=16)
+    p.add_argument("--warmstart_tasks", type=int, default=12000, help="distinct train tasks the demonstrations use")
+    p.add_argument(
+        "--warmstart_direct_frac",
+        type=float,
+        default=0.5,
+        help="share of demonstrations that answer without finishing the tool calls: RL learns to call",
     )
     p.add_argument("--eval_n", type=int, default=256, help="held-out test tasks per evaluated version (0: off)")
     p.add_argument("--eval_modes", default="sampled,greedy", help="sampled (temperature 1) and/or greedy")
+    p.add_argument("--eval_nice", type=int, default=10, help="the evaluator's CPU niceness (it skips versions)")
     p.add_argument("--target", type=float, default=0.9, help="held-out success the summary reports reaching")
     p.add_argument("--learner_flags", default="", help="extra flags for trainer.task, e.g. '--learning_rate=0'")
     p.add_argument("--pipeline_flags", default="", help="extra flags for pipelines.rollout")
@@ -64,6 +80,7 @@ def parse_args(argv):
 
 
 def run_local(args) -> dict:
+    started = time.monotonic()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="agentic-rl-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     summary_path, store = workdir / "summary.json", workdir / "policy-store"
@@ -86,6 +103,7 @@ def run_local(args) -> dict:
             f"--policy_root={store}",
             f"--policy_poll_s={args.policy_poll_s}",
             f"--max_wait_s={args.max_wait_s}",
+            *([] if args.keep_zero_signal else ["--filter_zero_signal"]),
             *shape,
             *shlex.split(args.pipeline_flags),
         ]
@@ -105,6 +123,10 @@ def run_local(args) -> dict:
             f"--timeout_s={args.timeout_s}",
             f"--summary_path={summary_path}",
             f"--warmstart_steps={args.warmstart_steps}",
+            f"--warmstart_batch={args.warmstart_batch}",
+            f"--warmstart_tasks={args.warmstart_tasks}",
+            f"--warmstart_direct_frac={args.warmstart_direct_frac}",
+            f"--learning_rate={args.learning_rate}",
             *(["--max_staleness=0", "--max_batches_ahead=0"] if args.sync else []),
             f"--env={args.env}",
             f"--env_config={json.dumps({'tool_latency': args.tool_latency})}",
@@ -126,14 +148,20 @@ def run_local(args) -> dict:
             f"--stop_file={workdir / 'final_version'}",
             f"--timeout_s={args.timeout_s + 600}",
             f"--max_tokens={RecordLayout().max_seq_len}",
+            f"--nice={args.eval_nice}",
         ]
         evaluating = args.eval_n > 0
-        with (
-            ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env) as pipeline,
-            ProcessGroup(learner_cmd, workdir / "learner.log", env) as learner,
-            ProcessGroup(eval_cmd, workdir / "evaluator.log", env) if evaluating else nullcontext() as evaluator,
-        ):
+        with ExitStack() as running:
+            learner = running.enter_context(ProcessGroup(learner_cmd, workdir / "learner.log", env))
             deadline = time.monotonic() + args.timeout_s + 60
+            # The rollout side starts once policy v0 exists: until then it could only poll,
+            # and on two cores that would slow the learner's warm start.
+            while not (store / LATEST).exists() and learner.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            pipeline = running.enter_context(ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env))
+            evaluator = None
+            if evaluating:
+                evaluator = running.enter_context(ProcessGroup(eval_cmd, workdir / "evaluator.log", env))
             while learner.poll() is None:
                 if pipeline.poll() is not None:
                     raise DemoFailed(f"rollout pipeline exited with {pipeline.poll()}:\n{pipeline.log_tail()}")
@@ -150,6 +178,7 @@ def run_local(args) -> dict:
     rows = read_rows(workdir / "eval.jsonl")
     summary["held_out"] = held_out_summary(rows, args.target) if rows else {}
     summary["eval_n"] = args.eval_n
+    summary["demo_wall_s"] = round(time.monotonic() - started, 1)
     summary["workdir"] = str(workdir)
     summary["pids"] = {"pipeline": pipeline.pid, "learner": learner.pid}
     if evaluating:
@@ -180,6 +209,7 @@ def print_summary(s: dict) -> None:
     print(f"mean reward              {s['mean_reward']}")
     print(f"records by policy ver.   {s['records_by_max_policy_version']}")
     print(f"wall time                {s['wall_s']} s, learner duty cycle {s['learner_duty_cycle']}")
+    print(f"whole demo               {s['demo_wall_s']} s (warm start {s['warmstart_s']} s)")
     for line in format_held_out(s.get("held_out", {}), s.get("eval_n")):
         print(line)
     print(f"logs and policy store    {s['workdir']}")

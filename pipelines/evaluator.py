@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop_file", default=None, help="holds the final version once the learner is done")
     p.add_argument("--timeout_s", type=float, default=3600.0, help="give up (exit 1) after this long")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority (shared machines)")
     return p
 
 
@@ -77,6 +79,8 @@ def final_version(stop_file: str | None) -> int | None:
 
 
 def run(args) -> list[dict]:
+    if args.nice:
+        os.nice(args.nice)  # on a shared box evaluation yields to training and skips versions instead
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         raise SystemExit(f"--modes must name some of {MODES}, got {args.modes!r}")

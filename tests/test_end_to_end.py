@@ -32,6 +32,9 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
             "--timeout_s=400",
             "--warmstart_steps=0",
             "--eval_n=16",
+            "--batch_records=2",
+            "--group_size=4",
+            "--keep_zero_signal",  # random init: nearly every group is all-zero reward
         ]
     )
     s = run_local(args)
@@ -78,6 +81,9 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
             "--sync",
             "--keep_versions=2",
             "--eval_n=0",
+            "--batch_records=2",
+            "--group_size=4",
+            "--keep_zero_signal",
         ]
     )
     s = run_local(args)

@@ -20,6 +20,7 @@ from trainer.contracts.record_shape import add_layout_arguments, layout_from_fla
 from trainer.learning import builder as B
 from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 from trainer.learning.run_stats import RunStats
+from trainer.learning.warmstart import WarmStartConfig
 from trainer.policy.config import MODEL_CONFIGS
 
 log = logging.getLogger("trainer")
@@ -77,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)",
+    )
+    p.add_argument("--warmstart_batch", type=int, default=WarmStartConfig.batch_rows)
+    p.add_argument("--warmstart_lr", type=float, default=WarmStartConfig.learning_rate)
+    p.add_argument(
+        "--warmstart_tasks",
+        type=int,
+        default=1000,
+        help="oracle demonstrations drawn from this many generated train tasks (more tasks: less memorising)",
+    )
+    p.add_argument(
+        "--warmstart_direct_frac",
+        type=float,
+        default=0.0,
+        help="share of demonstrations that answer without finishing the tool calls (RL's decision to learn)",
     )
     p.add_argument(
         "--peak_tflops",

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import jax
 import jax.numpy as jnp
 
 import environments
-from trainer.contracts.record_shape import RecordLayout
+from trainer.contracts.record_shape import RecordLayout, layout_from_flags
 from trainer.contracts.store import PolicyStore
 from trainer.learning.batches import BatchBuffer
 from trainer.learning.checkpoint import LearnerCheckpointer
@@ -21,7 +22,7 @@ from trainer.learning.losses import LossConfig
 from trainer.learning.publisher import PolicyPublisher, learner_state_of
 from trainer.learning.sharding import make_mesh
 from trainer.learning.staleness import StalenessConfig, StalenessControl
-from trainer.learning.warmstart import warm_start
+from trainer.learning.warmstart import WarmStartConfig, warm_start
 from trainer.policy.config import model_config
 from trainer.policy.model import abstract_tree
 
@@ -36,6 +37,7 @@ class Start:
     resumed_from_step: int | None = None
     feeder_position: int = 0
     consumed_ids: frozenset[str] = frozenset()
+    warmstart_s: float = 0.0
 
     @property
     def resumed(self) -> bool:
@@ -115,14 +117,26 @@ def restore_or_initialise(learner: Learner, checkpointer, args, tasks) -> Start:
         if "ref_params" in state:
             learner.ref_params = state["ref_params"]
         return Start(meta["learner_version"], step, meta["feeder_position"], frozenset(meta["consumed_ids"]))
+    t0 = time.monotonic()
     if args.warmstart_steps:
-        learner.params, losses = warm_start(
-            learner.graphdef, learner.params, args.env, tasks, args.warmstart_steps, seed=args.seed
-        )
+        cfg = make_warmstart_config(args)
+        demos = environments.make_tasks(args.env, args.task_seed + 1, args.warmstart_tasks, "train")
+        learner.params, losses = warm_start(learner.graphdef, learner.params, args.env, demos, cfg)
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
     if learner.cfg.loss.kl_coef > 0:
         learner.set_reference(learner.params)
-    return Start()
+    return Start(warmstart_s=round(time.monotonic() - t0, 2))
+
+
+def make_warmstart_config(args) -> WarmStartConfig:
+    return WarmStartConfig(
+        steps=args.warmstart_steps,
+        batch_rows=args.warmstart_batch,
+        max_seq_len=layout_from_flags(args).max_seq_len,
+        learning_rate=args.warmstart_lr,
+        direct_frac=args.warmstart_direct_frac,
+        seed=args.seed,
+    )
 
 
 def make_publisher(args, learner: Learner, checkpointer, start: Start) -> PolicyPublisher:

@@ -52,6 +52,7 @@ class RunStats:
             "steps": learner.steps,
             "mesh": dict(learner.mesh.shape) if learner.mesh is not None else None,
             "resumed_from_step": start.resumed_from_step,
+            "warmstart_s": start.warmstart_s,
             "trained_record_ids": sorted(self.trained_ids),
             "policy_versions_published": publisher.published,
             "records_consumed": self.records,

@@ -2,13 +2,19 @@
 
 A randomly initialised policy never solves a task, so every group-relative advantage
 is 0 and RL has nothing to learn from. A short supervised warm start on transcripts of
-the environment's scripted oracle (driven through the real environment) gives the
-initial policy a non-zero success rate; RL then improves on it.
+the environment's scripted oracle (driven through the real environment) teaches the
+tool-call format and the copying of arguments and results; RL then improves on it.
+
+`direct_frac` leaves RL a decision to learn: that share of the demonstrations skip the
+rest of the oracle's tool calls and state the answer directly after a random number of
+them. The policy cannot do the arithmetic itself, so "answer now" mostly fails where
+"call the tool" succeeds, and the reward tells the two apart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 
 import jax
@@ -20,15 +26,47 @@ import environments
 from trainer.policy import tokenizer
 from trainer.policy.model import token_logprobs
 
+SCHEDULES = ("constant", "cosine")
 
-async def oracle_transcript(env_name: str, task: environments.Task, max_turns: int = 8):
-    """(tokens, loss_mask) of one oracle episode, tokenised as the rollout side does."""
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+    steps: int = 0  # 0: no warm start (random init)
+    batch_rows: int = 32
+    max_seq_len: int = 256  # one transcript per row; rows are as long as the longest one, up to this
+    learning_rate: float = 3e-3
+    schedule: str = "constant"  # "cosine": linear warmup, then cosine decay to 0
+    warmup_steps: int = 20
+    direct_frac: float = 0.0  # share of demonstrations that answer without finishing the tool calls
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "warmup_steps"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
+                raise ValueError(f"warm start {name} must be an int >= 0, got {getattr(self, name)!r}")
+        for name in ("batch_rows", "max_seq_len"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
+                raise ValueError(f"warm start {name} must be a positive int, got {getattr(self, name)!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"warm start learning_rate must be > 0, got {self.learning_rate}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"warm start schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0.0 <= self.direct_frac <= 1.0:
+            raise ValueError(f"warm start direct_frac must lie in [0, 1], got {self.direct_frac}")
+
+
+async def oracle_transcript(env_name: str, task: environments.Task, max_turns: int = 8, answer_after=None):
+    """(tokens, loss_mask, reward) of one oracle episode, tokenised as the rollout side does.
+    answer_after=k: after k tool observations, answer the task's target directly."""
     env, oracle = environments.make(env_name), environments.oracle(env_name)
     tokens = [tokenizer.BOS] + tokenizer.encode(await env.reset(task))
     mask = [0] * len(tokens)
     observations: list[str] = []
     for _ in range(max_turns):
-        action = tokenizer.encode(oracle(task, observations))
+        text = oracle(task, observations)
+        if answer_after is not None and len(observations) >= answer_after:
+            text = f"<answer>{task.target}</answer>"
+        action = tokenizer.encode(text)
         tokens += action
         mask += [1] * len(action)
         result = await env.step(tokenizer.decode(action))
@@ -41,13 +79,22 @@ async def oracle_transcript(env_name: str, task: environments.Task, max_turns: i
     return tokens, mask, 0.0
 
 
-def oracle_rows(env_name: str, tasks, seq_len: int) -> dict[str, np.ndarray]:
-    """One transcript per row: tokens, segment_ids, positions, loss_mask [len(tasks), seq_len]."""
-    n = len(tasks)
-    out = {k: np.zeros((n, seq_len), np.int32) for k in ("tokens", "segment_ids", "positions", "loss_mask")}
-    for i, task in enumerate(tasks):
-        toks, mask, _ = asyncio.run(oracle_transcript(env_name, task))
-        toks, mask = toks[:seq_len], mask[:seq_len]
+def oracle_rows(env_name: str, tasks, max_seq_len: int, direct_frac: float = 0.0, seed: int = 0) -> dict:
+    """One transcript per row: tokens, segment_ids, positions, loss_mask [len(tasks), L],
+    L = the longest transcript rounded up to 16 (no row longer than needed), <= max_seq_len."""
+    rng = np.random.default_rng(seed)
+    transcripts = []
+    for task in tasks:
+        answer_after = None
+        if direct_frac > 0 and rng.random() < direct_frac:
+            full, _, _ = asyncio.run(oracle_transcript(env_name, task))
+            calls = max(tokenizer.decode(full).count("<call "), 1)
+            answer_after = int(rng.integers(0, calls))  # 0 .. calls - 1 tool calls, then answer
+        toks, mask, _ = asyncio.run(oracle_transcript(env_name, task, answer_after=answer_after))
+        transcripts.append((toks[:max_seq_len], mask[:max_seq_len]))
+    seq_len = min(max_seq_len, -(-max(len(t) for t, _ in transcripts) // 16) * 16)
+    out = {k: np.zeros((len(tasks), seq_len), np.int32) for k in ("tokens", "segment_ids", "positions", "loss_mask")}
+    for i, (toks, mask) in enumerate(transcripts):
         out["tokens"][i, : len(toks)] = toks
         out["segment_ids"][i, : len(toks)] = 1
         out["positions"][i, : len(toks)] = np.arange(len(toks))
@@ -66,26 +113,19 @@ def _sft_step(graphdef, tx, params, opt_state, batch):
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-def warm_start(
-    graphdef,
-    params,
-    env_name: str,
-    tasks,
-    steps: int,
-    batch_rows: int = 32,
-    seq_len: int = 160,
-    learning_rate: float = 3e-3,
-    seed: int = 0,
-):
-    """Returns (params, [loss per step]) after `steps` supervised steps on oracle rows."""
-    data = oracle_rows(env_name, tasks, seq_len)
-    tx = optax.adam(learning_rate)
+def warm_start(graphdef, params, env_name: str, tasks, cfg: WarmStartConfig):
+    """Returns (params, [loss per step]) after cfg.steps supervised steps on oracle rows."""
+    data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed)
+    lr = cfg.learning_rate
+    if cfg.schedule == "cosine":
+        lr = optax.warmup_cosine_decay_schedule(0.0, lr, max(cfg.warmup_steps, 1), max(cfg.steps, 2), 0.0)
+    tx = optax.adam(lr)
     opt_state = tx.init(params)
     step = jax.jit(functools.partial(_sft_step, graphdef, tx))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(cfg.seed)
     losses = []
-    for _ in range(steps):
-        idx = rng.integers(0, len(tasks), batch_rows)
+    for _ in range(cfg.steps):
+        idx = rng.integers(0, len(tasks), cfg.batch_rows)
         params, opt_state, loss = step(params, opt_state, {k: v[idx] for k, v in data.items()})
         losses.append(float(loss))
     return params, losses

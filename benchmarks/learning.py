@@ -1,0 +1,124 @@
+"""Does the agent get better, and is RL the reason? One command, one run:
+
+    .venv/bin/python benchmarks/learning.py --out docs/results
+
+1. the calculator main job exactly as `make demo` runs it (its defaults: warm start, then
+   asynchronous RL with tool latency), held-out success of every evaluated version;
+2. the RL-off control: the same run, same seeds, learning rate 0 (the learner still
+   consumes records and publishes versions, but no update reaches the weights);
+3. before/after held-out success for every other environment (`--envs`), same machinery.
+Writes `learning.json` (every evaluation row) and `learning_curve.png` (success against
+RL wall time and against learner step, main job vs control) into --out, and prints the
+tables that docs/RESULTS.md quotes. Runs one job at a time: the machine has 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _report import loadavg, machine_info, print_table
+
+from localstack.demo import parse_args, run_local
+from localstack.heldout import curve, read_rows
+
+
+def run_job(name: str, workdir: Path, flags: list[str]) -> dict:
+    t0 = time.monotonic()
+    print(f"--- {name}: localstack.demo {' '.join(flags)}", flush=True)
+    summary = run_local(parse_args([f"--workdir={workdir}", *flags]))
+    rows = read_rows(workdir / "eval.jsonl")
+    return {"name": name, "flags": flags, "wall_s": round(time.monotonic() - t0, 1), "summary": summary, "rows": rows}
+
+
+def plot(jobs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4))
+    for job in jobs:
+        c = curve(job["rows"], "sampled")
+        if not c:
+            continue
+        by_time.plot([p["rl_s"] for p in c], [p["success"] for p in c], marker="o", label=job["name"])
+        by_step.plot([p["step"] for p in c], [p["success"] for p in c], marker="o", label=job["name"])
+    for ax, xlabel in ((by_time, "seconds since policy v0 (RL wall time)"), (by_step, "learner step")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("held-out success (sampled, T = 1)")
+        ax.set_ylim(0, 1)
+        ax.axhline(0.9, color="grey", lw=0.8, ls="--")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("calculator: held-out success of each evaluated policy version")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="docs/results", help="where learning.json and learning_curve.png go")
+    p.add_argument("--workdir", default="/tmp/learning-bench", help="run directories (logs, stores)")
+    p.add_argument("--demo_flags", default="", help="extra flags for every demo run")
+    p.add_argument("--envs", default="guess,code", help="other environments, before/after (empty: none)")
+    p.add_argument("--env_flags", default="--max_steps=40", help="extra flags for the other environments")
+    p.add_argument("--no_control", action="store_true")
+    args = p.parse_args(argv)
+    out, work = Path(args.out), Path(args.workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine_info()}  load: {loadavg()}", flush=True)
+    extra = shlex.split(args.demo_flags)
+    jobs = [run_job("calculator, async RL (make demo)", work / "calc-rl", extra)]
+    if not args.no_control:
+        control = [*extra, "--learning_rate=0"]
+        jobs.append(run_job("calculator, RL off (learning rate 0)", work / "calc-control", control))
+    for env in [e for e in args.envs.split(",") if e]:
+        jobs.append(run_job(f"{env}, async RL", work / env, [*extra, f"--env={env}", *shlex.split(args.env_flags)]))
+
+    rows = []
+    for job in jobs:
+        s = job["summary"]
+        for mode in ("sampled", "greedy"):
+            held = s.get("held_out", {}).get(mode)
+            if not held:
+                continue
+            hit = held["first_at_target"]
+            rows.append(
+                [
+                    job["name"],
+                    mode,
+                    held["first"]["success"],
+                    held["last"]["success"],
+                    f"v{held['last']['version']} / step {held['last']['step']}",
+                    held["last"]["rl_s"],
+                    f"v{hit['version']} at {hit['rl_s']} s" if hit else "-",
+                    job["wall_s"],
+                ]
+            )
+    print_table(
+        "held-out success before and after RL",
+        ["job", "mode", "v0", "last", "last version", "RL s", "first >= 0.90", "wall s"],
+        rows,
+    )
+    for job in jobs[:2]:
+        print_table(
+            f"curve: {job['name']} (sampled)",
+            ["version", "step", "RL s", "success"],
+            [[c["version"], c["step"], c["rl_s"], c["success"]] for c in curve(job["rows"], "sampled")],
+        )
+    plot(jobs[:2], out / "learning_curve.png")
+    (out / "learning.json").write_text(json.dumps({"machine": machine_info(), "jobs": jobs}, indent=1, default=str))
+    print(f"wrote {out / 'learning.json'} and {out / 'learning_curve.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
