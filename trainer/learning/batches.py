@@ -31,6 +31,3 @@ class BatchBuffer:
                 del queue[:n]
                 return batch
         return None
-
-    def __len__(self) -> int:
-        return sum(len(q) for q in self.queues.values())
