@@ -1,6 +1,6 @@
 """Prompt datasets as TFDS builders: one builder, one config per environment.
 
-    build("guess", "/data/tfds", train_size=1000, test_size=200, seed=0)
+    build("guess", "/data/tfds", train_size=1000, test_size=256, seed=0)
     tasks = load_tasks("guess", "test", "/data/tfds")    # random access: tasks[17]
 
 Any environment registered with `tasks=` has a dataset: the builder config is made from
@@ -61,7 +61,7 @@ def _builder_class():
     class TasksConfig(tfds.core.BuilderConfig):
         seed: int = 0
         train_size: int = 1000
-        test_size: int = 200
+        test_size: int = 256
         fingerprint: str = ""  # Of the generated content, computed once by `build`.
 
     class LocalDatasetInfo(tfds.core.DatasetInfo):
@@ -163,7 +163,7 @@ def build(
     env_name: str,
     data_dir: str | pathlib.Path,
     train_size: int = 1000,
-    test_size: int = 200,
+    test_size: int = 256,
     seed: int = 0,
     *,
     overwrite: bool = False,

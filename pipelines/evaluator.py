@@ -68,7 +68,10 @@ def held_out_tasks(args) -> list:
     from environments import datasets
 
     datasets.build(args.env, args.data_dir, seed=args.task_seed)
-    return list(datasets.load_tasks(args.env, "test", args.data_dir))[: args.n]
+    tasks = list(datasets.load_tasks(args.env, "test", args.data_dir))
+    if len(tasks) < args.n:
+        raise SystemExit(f"--n={args.n} but the test split in {args.data_dir} holds {len(tasks)} tasks")
+    return tasks[: args.n]
 
 
 def final_version(stop_file: str | None) -> int | None:

@@ -24,12 +24,12 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.coders import BooleanCoder, PickleCoder
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.deduplicate import DeduplicatePerKey
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
 from apache_beam.utils.timestamp import Duration, Timestamp
 
 from pipelines import bucketing
+from pipelines.dedup import DedupBy
 from pipelines.metrics import NAMESPACE
 from pipelines.packing import pack, take_full_records
 from pipelines.packing_config import PackingConfig
@@ -91,38 +91,6 @@ class FilterZeroSignalGroupsFn(beam.DoFn):
                 )
                 return
         yield group
-
-
-class CountFn(beam.DoFn):
-    """Counts elements passing by; with unkey=True also drops the key of (key, value)."""
-
-    def __init__(self, name: str, unkey: bool = False):
-        self.name, self.unkey = name, unkey
-        self.counter = Metrics.counter(NS, name)
-
-    def process(self, element):
-        self.counter.inc()
-        yield element[1] if self.unkey else element
-
-
-class DedupBy(beam.PTransform):
-    """Keeps the first trajectory per key for `window_s` of processing time. Counters
-    `<name>_in` and `<name>_out` count what went in and what came out: the difference is
-    the duplicates dropped (DeduplicatePerKey does not count them itself)."""
-
-    def __init__(self, name: str, key_fn: Callable[[Trajectory], str], window_s: float):
-        super().__init__()
-        self.name, self.key_fn, self.window_s = name, key_fn, window_s
-
-    def expand(self, trajectories):
-        key_fn = self.key_fn
-        return (
-            trajectories
-            | "CountIn" >> beam.ParDo(CountFn(f"{self.name}_in"))
-            | "Key" >> beam.Map(lambda t: (key_fn(t), t)).with_output_types(tuple[str, Any])
-            | "Deduplicate" >> DeduplicatePerKey(processing_time_duration=Duration.of(self.window_s))
-            | "CountOut" >> beam.ParDo(CountFn(f"{self.name}_out", unkey=True))
-        )
 
 
 class FitToBucketsFn(beam.DoFn):
@@ -301,10 +269,12 @@ class PackTrajectoryGroups(beam.PTransform):
         trajs = (
             kept.groups
             | "FlattenGroups" >> beam.FlatMap(lambda g: g)
-            | "DedupById" >> DedupBy("dedup", lambda t: t.trajectory_id, cfg.dedup_window_s)
+            | "DedupById" >> DedupBy("dedup", lambda t: t.trajectory_id, cfg.dedup_window_s, clock=clock)
         )
         if cfg.content_dedup:
-            trajs = trajs | "DedupByContent" >> DedupBy("content_dedup", bucketing.content_hash, cfg.dedup_window_s)
+            trajs = trajs | "DedupByContent" >> DedupBy(
+                "content_dedup", bucketing.content_hash, cfg.dedup_window_s, clock=clock
+            )
         num_shards = cfg.num_shards
         fitted = trajs | "FitToBuckets" >> beam.ParDo(FitToBucketsFn(cfg.buckets, cfg.overlong)).with_outputs(
             DROPPED, main="fitted"

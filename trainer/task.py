@@ -20,7 +20,7 @@ from trainer.contracts.record_shape import add_layout_arguments, layout_from_fla
 from trainer.learning import builder as B
 from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 from trainer.learning.run_stats import RunStats
-from trainer.learning.warmstart import WarmStartConfig
+from trainer.learning.warmstart import SCHEDULES, WarmStartConfig
 from trainer.policy.config import MODEL_CONFIGS
 
 log = logging.getLogger("trainer")
@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--warmstart_batch", type=int, default=WarmStartConfig.batch_rows)
     p.add_argument("--warmstart_lr", type=float, default=WarmStartConfig.learning_rate)
+    p.add_argument(
+        "--warmstart_schedule",
+        choices=SCHEDULES,
+        default=WarmStartConfig.schedule,
+        help="cosine: linear warmup, then decay to 0 (sharper copying than a constant rate)",
+    )
+    p.add_argument("--warmstart_warmup", type=int, default=WarmStartConfig.warmup_steps)
     p.add_argument(
         "--warmstart_tasks",
         type=int,

@@ -134,6 +134,8 @@ def make_warmstart_config(args) -> WarmStartConfig:
         batch_rows=args.warmstart_batch,
         max_seq_len=layout_from_flags(args).max_seq_len,
         learning_rate=args.warmstart_lr,
+        schedule=args.warmstart_schedule,
+        warmup_steps=args.warmstart_warmup,
         direct_frac=args.warmstart_direct_frac,
         seed=args.seed,
     )

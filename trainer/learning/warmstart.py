@@ -35,8 +35,11 @@ class WarmStartConfig:
     batch_rows: int = 32
     max_seq_len: int = 256  # one transcript per row; rows are as long as the longest one, up to this
     learning_rate: float = 3e-3
-    schedule: str = "constant"  # "cosine": linear warmup, then cosine decay to 0
-    warmup_steps: int = 20
+    # "cosine": linear warmup, then cosine decay to 0. Measured on the calculator (tiny
+    # model, 1200 steps of 16, no direct answers): held-out 0.785 sampled / 0.844 greedy
+    # at a constant 3e-3, 0.910 / 0.980 with cosine.
+    schedule: str = "cosine"
+    warmup_steps: int = 50
     direct_frac: float = 0.0  # share of demonstrations that answer without finishing the tool calls
     seed: int = 0
 
