@@ -33,7 +33,7 @@ class DemoFailed(RuntimeError):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--workdir", default=None, help="logs, policy store and summary (default: a temp dir)")
-    p.add_argument("--max_steps", type=int, default=60)
+    p.add_argument("--max_steps", type=int, default=40)
     p.add_argument("--publish_every", type=int, default=2)
     p.add_argument("--keep_versions", type=int, default=5, help="policy versions kept in the store")
     p.add_argument("--batch_records", type=int, default=8, help="records per learner step (up to 8 episodes each)")
@@ -54,12 +54,12 @@ def parse_args(argv):
     p.add_argument(
         "--sync",
         action="store_true",
-        help="the synchronous baseline: --max_staleness 0 --max_batches_ahead 0 for the learner",
+        help="the synchronous baseline (trainer.task --sync): one round of rollouts per policy version",
     )
     p.add_argument(
         "--warmstart_steps",
         type=int,
-        default=1200,
+        default=2000,
         help="behaviour cloning on oracle episodes before v0, so RL starts with signal",
     )
     p.add_argument("--warmstart_batch", type=int, default=16)
@@ -68,7 +68,7 @@ def parse_args(argv):
         "--warmstart_direct_frac",
         type=float,
         default=0.5,
-        help="share of demonstrations that answer without finishing the tool calls: RL learns to call",
+        help="share of demonstrations that answer at once instead of calling the tool: RL learns to call",
     )
     p.add_argument("--eval_n", type=int, default=256, help="held-out test tasks per evaluated version (0: off)")
     p.add_argument("--eval_modes", default="sampled,greedy", help="sampled (temperature 1) and/or greedy")
@@ -127,7 +127,7 @@ def run_local(args) -> dict:
             f"--warmstart_tasks={args.warmstart_tasks}",
             f"--warmstart_direct_frac={args.warmstart_direct_frac}",
             f"--learning_rate={args.learning_rate}",
-            *(["--max_staleness=0", "--max_batches_ahead=0"] if args.sync else []),
+            *(["--sync"] if args.sync else []),
             f"--env={args.env}",
             f"--env_config={json.dumps({'tool_latency': args.tool_latency})}",
             f"--data_dir={workdir / 'datasets'}",

@@ -299,3 +299,20 @@ def test_simulation_with_the_real_packer_never_deadlocks():
                 steps += 1
                 progressed = True
             assert progressed, f"stall at step {steps} for {cfg}: {credits.outstanding} outstanding"
+
+
+# ----------------------------------------------------------------------------- trajectories in flight, the user's knob
+def test_max_in_flight_sets_the_window_and_batches_ahead_is_derived():
+    shape = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)
+    cfg = CreditConfig(max_batches_ahead=0, batch_records=8, shape=shape, group_size=8, max_in_flight=200)
+    assert cfg.window == 200
+    assert cfg.batches_ahead == pytest.approx((200 - 8) / 64 - 1)
+    assert CreditConfig(max_batches_ahead=2, batch_records=8, shape=shape, group_size=8).batches_ahead == 2
+
+
+def test_max_in_flight_below_one_batch_is_refused_as_a_deadlock():
+    shape = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)
+    with pytest.raises(ValueError, match=r"max_in_flight=71 could deadlock.*72"):
+        CreditConfig(max_batches_ahead=0, batch_records=8, shape=shape, group_size=8, max_in_flight=71)
+    ok = CreditConfig(max_batches_ahead=0, batch_records=8, shape=shape, group_size=8, max_in_flight=72)
+    Simulation(ok).run(30)  # the smallest accepted window still never stalls

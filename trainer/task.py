@@ -20,7 +20,7 @@ from trainer.contracts.record_shape import add_layout_arguments, layout_from_fla
 from trainer.learning import builder as B
 from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 from trainer.learning.run_stats import RunStats
-from trainer.learning.warmstart import SCHEDULES, WarmStartConfig
+from trainer.learning.warmstart import DIRECT_AT, SCHEDULES, WarmStartConfig
 from trainer.policy.config import MODEL_CONFIGS
 
 log = logging.getLogger("trainer")
@@ -45,10 +45,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--publish_every", type=int, default=5)
     p.add_argument("--max_batches_ahead", type=int, default=1, help="feeder credits, in batches")
     p.add_argument(
+        "--max_in_flight",
+        type=int,
+        default=None,
+        help="feeder credits, in trajectories requested and not yet back (overrides --max_batches_ahead)",
+    )
+    p.add_argument(
         "--max_staleness",
         type=int,
         default=2,
-        help="drop records older than this many versions (0 + --max_batches_ahead 0: synchronous)",
+        help="drop records older than this many versions (--sync: always 0)",
+    )
+    p.add_argument(
+        "--sync",
+        action="store_true",
+        help="the synchronous baseline: request one round (publish_every batches) at version v, "
+        "wait for all of it, train on it, publish v+1, repeat",
+    )
+    p.add_argument(
+        "--sync_round_timeout_s",
+        type=float,
+        default=300.0,
+        help="a round whose trajectories are not all back by then trains on what came (counted as lost)",
     )
     p.add_argument(
         "--max_mean_staleness",
@@ -88,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="cosine: linear warmup, then decay to 0 (sharper copying than a constant rate)",
     )
     p.add_argument("--warmstart_warmup", type=int, default=WarmStartConfig.warmup_steps)
+    p.add_argument(
+        "--warmstart_direct_at",
+        choices=DIRECT_AT,
+        default=WarmStartConfig.direct_at,
+        help="where direct-answer demonstrations answer: at the first action, or after some of the calls",
+    )
     p.add_argument(
         "--warmstart_tasks",
         type=int,
@@ -134,6 +158,7 @@ def run(args) -> dict:
     feeder = B.make_feeder(args, tasks, credits, staleness, publisher, start)
     consumer = B.make_consumer(args, layout, start)
     batches = B.make_batches(layout, learner, staleness)
+    schedule = B.make_schedule(args, batches, credits)  # async, or synchronous rounds
     stats = RunStats(peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
     if feeder:
         feeder.start()
@@ -148,14 +173,15 @@ def run(args) -> dict:
                 stats.on_record(rec)
                 batches.add(rec, publisher.version)
             credits.release(consumer.take_dropped())
-            while learner.steps < args.max_steps and (batch := batches.take(publisher.version)):
+            while learner.steps < args.max_steps and (batch := schedule.next_batch(publisher.version)):
                 flops = learner.step_flops(batch)  # compiled once per shape, outside the timing
                 t0 = time.monotonic()
                 metrics = learner.train_step(batch)
                 stats.on_step(batch, metrics, time.monotonic() - t0, flops)
-                if learner.steps % learner.cfg.publish_every == 0:
+                if schedule.publish_due(learner.steps):
                     publisher.publish()
                     publisher.checkpoint(feeder.published if feeder else 0, consumer.seen_ids)
+                    schedule.next_round()
                 log.info(
                     "step %d version %d loss %.4f reward %.3f",
                     learner.steps,
@@ -169,7 +195,7 @@ def run(args) -> dict:
         consumer.close()
         if checkpointer is not None:
             checkpointer.close()  # waits for the last save
-    return stats.summary(learner, start, publisher, consumer, feeder, staleness, layout)
+    return {**stats.summary(learner, start, publisher, consumer, feeder, staleness, layout), **schedule.summary()}
 
 
 def main(argv=None) -> int:

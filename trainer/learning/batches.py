@@ -31,3 +31,13 @@ class BatchBuffer:
                 del queue[:n]
                 return batch
         return None
+
+    def take_all(self, version: int) -> list[list]:
+        """Every queued record still fresh enough, one list per shape (a synchronous round)."""
+        out = []
+        for queue in self.queues.values():
+            fresh = [r for r in queue if self.staleness.admit_again(r, version)]
+            queue.clear()
+            if fresh:
+                out.append(fresh)
+        return out

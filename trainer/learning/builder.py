@@ -20,6 +20,7 @@ from trainer.learning.feeder import CreditConfig, Feeder, TrajectoryCredits
 from trainer.learning.learner import Learner, LearnerConfig
 from trainer.learning.losses import LossConfig
 from trainer.learning.publisher import PolicyPublisher, learner_state_of
+from trainer.learning.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.sharding import make_mesh
 from trainer.learning.staleness import StalenessConfig, StalenessControl
 from trainer.learning.warmstart import WarmStartConfig, warm_start
@@ -137,6 +138,7 @@ def make_warmstart_config(args) -> WarmStartConfig:
         schedule=args.warmstart_schedule,
         warmup_steps=args.warmstart_warmup,
         direct_frac=args.warmstart_direct_frac,
+        direct_at=args.warmstart_direct_at,
         seed=args.seed,
     )
 
@@ -154,13 +156,30 @@ def make_publisher(args, learner: Learner, checkpointer, start: Start) -> Policy
 
 
 def make_staleness(args) -> StalenessControl:
-    return StalenessControl(StalenessConfig(args.max_staleness, args.max_mean_staleness))
+    max_staleness = 0 if args.sync else args.max_staleness  # sync trains only on its own version
+    mean = None if args.sync else args.max_mean_staleness
+    return StalenessControl(StalenessConfig(max_staleness, mean))
 
 
 def make_credits(args, layout: RecordLayout) -> TrajectoryCredits:
     # Same rows and segments per row in every bucket, so one credit rule covers them all.
-    cfg = CreditConfig(args.max_batches_ahead, args.batch_records, layout.largest, args.group_size)
-    return TrajectoryCredits(cfg.window)
+    cfg = CreditConfig(
+        args.max_batches_ahead,
+        args.batch_records,
+        layout.largest,
+        args.group_size,
+        sync=args.sync,
+        steps_per_round=args.publish_every,
+        max_in_flight=args.max_in_flight,
+    )
+    log.info("feeder credits: %d trajectories in flight (%.2f batches ahead)", cfg.window, cfg.batches_ahead)
+    return TrajectoryCredits(cfg.window, rounds=args.sync)
+
+
+def make_schedule(args, batches: BatchBuffer, credits: TrajectoryCredits) -> AsyncSchedule | SyncSchedule:
+    if args.sync:
+        return SyncSchedule(batches, credits, args.publish_every, args.sync_round_timeout_s)
+    return AsyncSchedule(batches, args.publish_every)
 
 
 def make_feeder(args, tasks, credits, staleness: StalenessControl, publisher: PolicyPublisher, start: Start):

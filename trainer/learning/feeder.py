@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import threading
 import uuid
 
@@ -29,36 +30,95 @@ class CreditConfig:
     batch_records: int
     shape: RecordShape
     group_size: int
+    # Synchronous rounds: the window is one round, the trajectories that fill
+    # `steps_per_round` full batches (rounded up to whole groups); max_batches_ahead unused.
+    sync: bool = False
+    steps_per_round: int = 1
+    # The user's knob for the asynchronous window: trajectories in flight (Little's law:
+    # the learner's consumption rate x episode latency). None: from max_batches_ahead.
+    max_in_flight: int | None = None
 
     def __post_init__(self):
-        if self.max_batches_ahead < 0 or self.batch_records < 1 or self.group_size < 1:
-            raise ValueError(f"need max_batches_ahead >= 0, batch_records >= 1, group_size >= 1: {self}")
+        if self.max_batches_ahead < 0 or self.batch_records < 1 or self.group_size < 1 or self.steps_per_round < 1:
+            raise ValueError(
+                f"need max_batches_ahead >= 0, batch_records >= 1, group_size >= 1, steps_per_round >= 1: {self}"
+            )
+        if self.max_in_flight is not None and not self.sync:
+            if type(self.max_in_flight) is not int or self.max_in_flight < self.min_window:
+                raise ValueError(
+                    f"max_in_flight={self.max_in_flight!r} could deadlock: the learner's next batch may need "
+                    f"{self.min_window} trajectories in flight (batch_records x rows x segments + group_size)"
+                )
+
+    @property
+    def per_batch(self) -> int:
+        return self.batch_records * self.shape.max_trajectories
+
+    @property
+    def min_window(self) -> int:
+        """The smallest window that always fills the next batch (tests/test_credits.py)."""
+        return self.per_batch + self.group_size
 
     @property
     def window(self) -> int:
-        per_batch = self.batch_records * self.shape.max_trajectories
-        return (self.max_batches_ahead + 1) * per_batch + self.group_size
+        if self.sync:
+            return math.ceil(self.steps_per_round * self.per_batch / self.group_size) * self.group_size
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        return (self.max_batches_ahead + 1) * self.per_batch + self.group_size
+
+    @property
+    def batches_ahead(self) -> float:
+        """The window as full batches beyond the one being filled (a derived view)."""
+        return (self.window - self.group_size) / self.per_batch - 1
 
 
 class TrajectoryCredits:
-    def __init__(self, window: int):
-        self.window = window
+    """At most `window` trajectories requested and not yet back. With rounds=True, the
+    window is also all that one round may request: after that, acquire blocks until
+    open_round() (the synchronous baseline requests nothing before the next version)."""
+
+    def __init__(self, window: int, rounds: bool = False):
+        self.window, self.rounds = window, rounds
         self.outstanding = 0
+        self._round_left = window
         self._cond = threading.Condition()
 
     def acquire(self, n: int, stop: threading.Event, poll_s: float = 0.1) -> bool:
         """Blocks until n more trajectories fit in the window; False if stopped."""
         with self._cond:
-            while self.outstanding + n > self.window:
+            while self.outstanding + n > self.window or (self.rounds and self._round_left < n):
                 if stop.is_set():
                     return False
                 self._cond.wait(poll_s)
             self.outstanding += n
+            if self.rounds:
+                self._round_left -= n
             return True
 
     def release(self, n: int) -> None:
         with self._cond:
             self.outstanding = max(0, self.outstanding - n)
+            self._cond.notify_all()
+
+    def round_requested(self) -> bool:
+        with self._cond:
+            return self.rounds and self._round_left == 0
+
+    def round_complete(self) -> bool:
+        """Every trajectory of the round requested, and every one of them back."""
+        with self._cond:
+            return self.rounds and self._round_left == 0 and self.outstanding == 0
+
+    def open_round(self) -> None:
+        with self._cond:
+            self._round_left = self.window
+            self._cond.notify_all()
+
+    def forget_outstanding(self) -> None:
+        """A timed-out round: what did not come back is written off (and counted by the caller)."""
+        with self._cond:
+            self.outstanding = 0
             self._cond.notify_all()
 
 

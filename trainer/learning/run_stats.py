@@ -40,7 +40,7 @@ class RunStats:
         self.step_time_s += step_s
         self.flops += flops
         self.trained_tokens += sum(r.num_tokens for r in batch)
-        self.trained_ids.update(r.record_id for r in batch)
+        self.trained_ids.update(r.record_id for r in batch if r.trajectories)  # not the sync baseline's padding
         self.trained_loss_tokens += sum(r.num_loss_tokens for r in batch)
 
     def mean_reward(self) -> float:

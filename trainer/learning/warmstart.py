@@ -5,10 +5,14 @@ is 0 and RL has nothing to learn from. A short supervised warm start on transcri
 the environment's scripted oracle (driven through the real environment) teaches the
 tool-call format and the copying of arguments and results; RL then improves on it.
 
-`direct_frac` leaves RL a decision to learn: that share of the demonstrations skip the
-rest of the oracle's tool calls and state the answer directly after a random number of
-them. The policy cannot do the arithmetic itself, so "answer now" mostly fails where
-"call the tool" succeeds, and the reward tells the two apart.
+`direct_frac` leaves RL a decision to learn: that share of the demonstrations state the
+answer directly instead of calling the tool. The policy cannot do the arithmetic itself,
+so "answer now" mostly fails where "call the tool" succeeds, and the reward tells the two
+apart. `direct_at="first_turn"` (the default) makes that one decision at the first action;
+"any_turn" answers after a random number of the oracle's calls, which also teaches the
+policy to stop half-way through a multi-call task. Measured on the calculator demo
+(direct_frac 0.5): with "any_turn" v0 held 0.336 sampled and 40 RL steps reached 0.684,
+the failures being half-done and malformed call sequences.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from trainer.policy import tokenizer
 from trainer.policy.model import token_logprobs
 
 SCHEDULES = ("constant", "cosine")
+DIRECT_AT = ("first_turn", "any_turn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +46,7 @@ class WarmStartConfig:
     schedule: str = "cosine"
     warmup_steps: int = 50
     direct_frac: float = 0.0  # share of demonstrations that answer without finishing the tool calls
+    direct_at: str = "first_turn"  # where those demonstrations answer: "first_turn" | "any_turn"
     seed: int = 0
 
     def __post_init__(self):
@@ -56,6 +62,8 @@ class WarmStartConfig:
             raise ValueError(f"warm start schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if not 0.0 <= self.direct_frac <= 1.0:
             raise ValueError(f"warm start direct_frac must lie in [0, 1], got {self.direct_frac}")
+        if self.direct_at not in DIRECT_AT:
+            raise ValueError(f"warm start direct_at must be one of {DIRECT_AT}, got {self.direct_at!r}")
 
 
 async def oracle_transcript(env_name: str, task: environments.Task, max_turns: int = 8, answer_after=None):
@@ -82,7 +90,9 @@ async def oracle_transcript(env_name: str, task: environments.Task, max_turns: i
     return tokens, mask, 0.0
 
 
-def oracle_rows(env_name: str, tasks, max_seq_len: int, direct_frac: float = 0.0, seed: int = 0) -> dict:
+def oracle_rows(
+    env_name: str, tasks, max_seq_len: int, direct_frac: float = 0.0, seed: int = 0, direct_at: str = "first_turn"
+) -> dict:
     """One transcript per row: tokens, segment_ids, positions, loss_mask [len(tasks), L],
     L = the longest transcript rounded up to 16 (no row longer than needed), <= max_seq_len."""
     rng = np.random.default_rng(seed)
@@ -90,9 +100,11 @@ def oracle_rows(env_name: str, tasks, max_seq_len: int, direct_frac: float = 0.0
     for task in tasks:
         answer_after = None
         if direct_frac > 0 and rng.random() < direct_frac:
-            full, _, _ = asyncio.run(oracle_transcript(env_name, task))
-            calls = max(tokenizer.decode(full).count("<call "), 1)
-            answer_after = int(rng.integers(0, calls))  # 0 .. calls - 1 tool calls, then answer
+            answer_after = 0
+            if direct_at == "any_turn":
+                full, _, _ = asyncio.run(oracle_transcript(env_name, task))
+                calls = max(tokenizer.decode(full).count("<call "), 1)
+                answer_after = int(rng.integers(0, calls))  # 0 .. calls - 1 tool calls, then answer
         toks, mask, _ = asyncio.run(oracle_transcript(env_name, task, answer_after=answer_after))
         transcripts.append((toks[:max_seq_len], mask[:max_seq_len]))
     seq_len = min(max_seq_len, -(-max(len(t) for t, _ in transcripts) // 16) * 16)
@@ -118,7 +130,7 @@ def _sft_step(graphdef, tx, params, opt_state, batch):
 
 def warm_start(graphdef, params, env_name: str, tasks, cfg: WarmStartConfig):
     """Returns (params, [loss per step]) after cfg.steps supervised steps on oracle rows."""
-    data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed)
+    data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at)
     lr = cfg.learning_rate
     if cfg.schedule == "cosine":
         lr = optax.warmup_cosine_decay_schedule(0.0, lr, max(cfg.warmup_steps, 1), max(cfg.steps, 2), 0.0)

@@ -1,0 +1,79 @@
+"""The warm start: oracle demonstrations through the real environment, and behaviour cloning on them."""
+
+import jax
+import numpy as np
+import pytest
+
+import environments
+from trainer.learning.warmstart import WarmStartConfig, oracle_rows, warm_start
+from trainer.policy import tokenizer
+from trainer.policy.config import ModelConfig
+from trainer.policy.model import init_model, split_params
+
+TASKS = environments.make_tasks("calculator", 5, 40, "train")
+
+
+def _texts(rows) -> list[str]:
+    return [tokenizer.decode([int(t) for t in row[seg > 0]]) for row, seg in zip(rows["tokens"], rows["segment_ids"])]
+
+
+def _actions(rows) -> list[str]:
+    return [tokenizer.decode([int(t) for t in row[m > 0]]) for row, m in zip(rows["tokens"], rows["loss_mask"])]
+
+
+def test_oracle_rows_solve_every_task_and_mask_only_actions():
+    rows = oracle_rows("calculator", TASKS, max_seq_len=256)
+    for task, text, actions in zip(TASKS, _texts(rows), _actions(rows), strict=True):
+        assert text.endswith(f"<answer>{task.target}</answer>")
+        assert "<call calc>" in text
+        assert "<result>" in text and "<result>" not in actions  # tool output is never a target
+    assert (rows["positions"][rows["segment_ids"] > 0] >= 0).all()
+    assert rows["tokens"].shape[1] % 16 == 0
+
+
+def test_direct_answers_at_the_first_turn_make_one_decision():
+    rows = oracle_rows("calculator", TASKS, max_seq_len=256, direct_frac=1.0, direct_at="first_turn")
+    for task, actions in zip(TASKS, _actions(rows), strict=True):
+        assert actions == f"<answer>{task.target}</answer>"  # no call at all
+
+
+def test_direct_answers_at_any_turn_stop_part_way():
+    rows = oracle_rows("calculator", TASKS, max_seq_len=256, direct_frac=1.0, direct_at="any_turn")
+    calls = [a.count("<call ") for a in _actions(rows)]
+    full = [a.count("<call ") for a in _actions(oracle_rows("calculator", TASKS, max_seq_len=256))]
+    assert all(c < f for c, f in zip(calls, full, strict=True))  # always fewer calls than the oracle
+    assert any(c > 0 for c in calls)  # and sometimes some
+
+
+def test_direct_frac_sets_the_share_of_direct_demonstrations():
+    tasks = environments.make_tasks("calculator", 6, 400, "train")
+    rows = oracle_rows("calculator", tasks, max_seq_len=256, direct_frac=0.6, seed=1)
+    direct = np.mean(["<call " not in a for a in _actions(rows)])
+    assert 0.53 < direct < 0.67
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(steps=-1), "steps"),
+        (dict(batch_rows=0), "batch_rows"),
+        (dict(learning_rate=0.0), "learning_rate"),
+        (dict(schedule="linear"), "schedule"),
+        (dict(direct_frac=1.5), "direct_frac"),
+        (dict(direct_at="middle"), "direct_at"),
+    ],
+)
+def test_config_refuses_bad_settings_by_name(bad, field):
+    with pytest.raises(ValueError, match=field):
+        WarmStartConfig(**bad)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_behaviour_cloning_lowers_the_loss(schedule):
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, mlp_dim=64)
+    graphdef, params = split_params(init_model(cfg, 0))
+    ws = WarmStartConfig(steps=40, batch_rows=8, learning_rate=3e-3, schedule=schedule, warmup_steps=5)
+    new, losses = warm_start(graphdef, params, "calculator", TASKS, ws)
+    assert len(losses) == 40
+    assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new), strict=True))
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])

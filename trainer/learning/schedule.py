@@ -1,0 +1,124 @@
+"""When the learner trains and publishes: asynchronously, or in synchronous rounds.
+
+One code path, two settings (DESIGN.md). `AsyncSchedule` trains whenever a batch is
+ready and publishes every `publish_every` steps while the feeder keeps its credit window
+full. `SyncSchedule` is the honest synchronous baseline: the feeder requests exactly one
+round of trajectories at version v and then stops; once every one of them is back
+(packed into records, or dropped by the pipeline with a notice) the learner trains on
+all of it, publishes v+1 and only then opens the next round. It never makes a rollout
+that it throws away: nothing it trains on is stale, and nothing is requested early.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from trainer.contracts.records import PackedRecord, empty_record_arrays
+from trainer.learning.batches import BatchBuffer
+from trainer.learning.feeder import TrajectoryCredits
+
+log = logging.getLogger(__name__)
+PADDING_ID = "padding"
+
+
+def padding_record(shape: tuple[int, int]) -> PackedRecord:
+    """An all-padding record (no loss token): fills a short synchronous batch."""
+    return PackedRecord(record_id=PADDING_ID, **empty_record_arrays(*shape), trajectories=[])
+
+
+def split_round(records: list[PackedRecord], batch_records: int, steps: int) -> list[list[PackedRecord]]:
+    """A round's records (one shape) over max(steps, ceil(n / batch_records)) batches of
+    batch_records each, spread evenly and padded: every record is trained exactly once."""
+    if not records:
+        return []
+    n_batches = max(steps, math.ceil(len(records) / batch_records))
+    batches = [records[i::n_batches] for i in range(n_batches)]
+    shape = records[0].shape
+    return [b + [padding_record(shape) for _ in range(batch_records - len(b))] for b in batches if b]
+
+
+class AsyncSchedule:
+    sync = False
+
+    def __init__(self, batches: BatchBuffer, publish_every: int):
+        self.batches, self.publish_every = batches, publish_every
+
+    def next_batch(self, version: int) -> list | None:
+        return self.batches.take(version)
+
+    def publish_due(self, steps: int) -> bool:
+        return steps % self.publish_every == 0
+
+    def next_round(self) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {"schedule": "async"}
+
+
+class SyncSchedule:
+    """Rounds of `credits.window` trajectories; `steps_per_round` steps each (more only
+    when the round's records do not fit, counted in `extra_steps`)."""
+
+    sync = True
+
+    def __init__(
+        self,
+        batches: BatchBuffer,
+        credits: TrajectoryCredits,
+        steps_per_round: int,
+        round_timeout_s: float,
+        clock=time.monotonic,
+    ):
+        if not credits.rounds:
+            raise ValueError("SyncSchedule needs round credits (TrajectoryCredits(..., rounds=True))")
+        self.batches, self.credits, self.steps = batches, credits, steps_per_round
+        self.round_timeout_s, self.clock = round_timeout_s, clock
+        self.pending: list[list] = []
+        self.rounds = self.extra_steps = self.padding_records = self.timed_out_rounds = 0
+        self.lost_trajectories = 0  # never came back within the round's timeout
+        self.round_started = clock()
+
+    def _round_over(self) -> bool:
+        if self.credits.round_complete():
+            return True
+        if self.clock() - self.round_started > self.round_timeout_s and self.credits.round_requested():
+            lost = self.credits.outstanding
+            log.warning("sync round timed out with %d trajectories outstanding: training on what came", lost)
+            self.timed_out_rounds += 1
+            self.lost_trajectories += lost
+            self.credits.forget_outstanding()
+            return True
+        return False
+
+    def next_batch(self, version: int) -> list | None:
+        if not self.pending and self._round_over():
+            for queue in self.batches.take_all(version):
+                self.pending += split_round(queue, self.batches.batch_records, self.steps)
+            if not self.pending:  # the whole round was filtered out: ask again at this version
+                self.next_round()
+                return None
+            self.extra_steps += max(0, len(self.pending) - self.steps)
+            self.padding_records += sum(r.record_id == PADDING_ID for b in self.pending for r in b)
+        return self.pending.pop(0) if self.pending else None
+
+    def publish_due(self, steps: int) -> bool:
+        return not self.pending  # the round's last step
+
+    def next_round(self) -> None:
+        """After the round's version is published: the feeder may request the next one."""
+        self.rounds += 1
+        self.round_started = self.clock()
+        self.credits.open_round()
+
+    def summary(self) -> dict:
+        return {
+            "schedule": "sync",
+            "sync_rounds": self.rounds,
+            "sync_extra_steps": self.extra_steps,
+            "sync_padding_records": self.padding_records,
+            "sync_timed_out_rounds": self.timed_out_rounds,
+            "sync_lost_trajectories": self.lost_trajectories,
+        }
