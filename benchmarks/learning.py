@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import loadavg, machine_info, print_table
 
 from localstack.demo import parse_args, run_local
-from localstack.heldout import curve, read_rows
+from localstack.heldout import curve, held_out_summary, read_rows
 
 
 def run_job(name: str, workdir: Path, flags: list[str]) -> dict:
@@ -35,7 +35,20 @@ def run_job(name: str, workdir: Path, flags: list[str]) -> dict:
     print(f"--- {name}: localstack.demo {' '.join(flags)}", flush=True)
     summary = run_local(parse_args([f"--workdir={workdir}", *flags]))
     rows = read_rows(workdir / "eval.jsonl")
-    return {"name": name, "flags": flags, "wall_s": round(time.monotonic() - t0, 1), "summary": summary, "rows": rows}
+    job = {"name": name, "flags": flags, "wall_s": round(time.monotonic() - t0, 1), "summary": summary, "rows": rows}
+    (workdir / "job.json").write_text(json.dumps(job, default=str))
+    return job
+
+
+def job_from_run(name: str, workdir: Path, flags: list[str]) -> dict:
+    """A finished run's job from its files (--from_runs): the learner's summary.json and
+    the evaluator's eval.jsonl; job.json (wall time included) when the benchmark wrote it."""
+    if (workdir / "job.json").exists():
+        return json.loads((workdir / "job.json").read_text())
+    summary = json.loads((workdir / "summary.json").read_text())
+    rows = read_rows(workdir / "eval.jsonl")
+    summary["held_out"] = held_out_summary(rows) if rows else {}
+    return {"name": name, "flags": flags, "wall_s": None, "summary": summary, "rows": rows}
 
 
 def plot(jobs: list[dict], path: Path) -> None:
@@ -70,18 +83,29 @@ def main(argv=None) -> int:
     p.add_argument("--demo_flags", default="", help="extra flags for every demo run")
     p.add_argument("--envs", default="guess,code", help="other environments, before/after (empty: none)")
     p.add_argument("--env_flags", default="--max_steps=40", help="extra flags for the other environments")
+    p.add_argument(
+        "--flags_for",
+        action="append",
+        default=["code=--warmstart_tasks=600 --warmstart_steps=600"],
+        metavar="ENV=FLAGS",
+        help="extra flags for one environment (the code oracle runs the sandbox twice per demonstration, "
+        "so its warm start uses fewer of them)",
+    )
     p.add_argument("--no_control", action="store_true")
+    p.add_argument("--from_runs", action="store_true", help="only assemble tables, JSON and plot from --workdir")
     args = p.parse_args(argv)
     out, work = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine_info()}  load: {loadavg()}", flush=True)
     extra = shlex.split(args.demo_flags)
-    jobs = [run_job("calculator, async RL (make demo)", work / "calc-rl", extra)]
+    per_env = dict(f.split("=", 1) for f in args.flags_for)
+    plan = [("calculator, async RL (make demo)", "calc-rl", extra)]
     if not args.no_control:
-        control = [*extra, "--learning_rate=0"]
-        jobs.append(run_job("calculator, RL off (learning rate 0)", work / "calc-control", control))
+        plan.append(("calculator, RL off (learning rate 0)", "calc-control", [*extra, "--learning_rate=0"]))
     for env in [e for e in args.envs.split(",") if e]:
-        jobs.append(run_job(f"{env}, async RL", work / env, [*extra, f"--env={env}", *shlex.split(args.env_flags)]))
+        flags = [*extra, f"--env={env}", *shlex.split(args.env_flags), *shlex.split(per_env.get(env, ""))]
+        plan.append((f"{env}, async RL", env, flags))
+    jobs = [(job_from_run if args.from_runs else run_job)(name, work / d, flags) for name, d, flags in plan]
 
     rows = []
     for job in jobs:
