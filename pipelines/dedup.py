@@ -58,12 +58,15 @@ class DedupFn(beam.DoFn):
 
     def __init__(self, name: str, window_s: float, clock: Clock = time.time):
         self.window_s, self.clock = window_s, clock
+        self.count_in = Metrics.counter(NS, f"{name}_in")
+        self.count_out = Metrics.counter(NS, f"{name}_out")
         self.dropped = Metrics.counter(NS, f"{name}_dropped")
         self.expired = Metrics.counter(NS, f"{name}_expired")
         self.state_keys = Metrics.distribution(NS, f"{name}_state_keys")  # per shard, after the element
 
     def process(self, kv, seen_state=beam.DoFn.StateParam(SEEN)):
         key, t = kv[1]
+        self.count_in.inc()
         now = self.clock()
         before = seen_state.read() or {}
         seen = expire(before, now, self.window_s)
@@ -77,18 +80,8 @@ class DedupFn(beam.DoFn):
         if duplicate:
             self.dropped.inc()
             return
+        self.count_out.inc()
         yield t
-
-
-class CountFn(beam.DoFn):
-    """Counts elements passing by."""
-
-    def __init__(self, name: str):
-        self.counter = Metrics.counter(NS, name)
-
-    def process(self, element):
-        self.counter.inc()
-        yield element
 
 
 class DedupBy(beam.PTransform):
@@ -117,8 +110,6 @@ class DedupBy(beam.PTransform):
 
         return (
             trajectories
-            | "CountIn" >> beam.ParDo(CountFn(f"{self.name}_in"))
             | "KeyByShard" >> beam.Map(keyed).with_output_types(tuple[int, Any])
             | "Deduplicate" >> beam.ParDo(DedupFn(self.name, self.window_s, self.clock))
-            | "CountOut" >> beam.ParDo(CountFn(f"{self.name}_out"))
         )

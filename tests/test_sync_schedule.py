@@ -112,3 +112,13 @@ def test_async_schedule_publishes_every_n_steps():
     assert [schedule.publish_due(s) for s in range(1, 7)] == [False, False, True, False, False, True]
     buffer.add(_records(1)[0], 3)
     assert schedule.next_batch(3) is not None and schedule.next_batch(3) is None
+
+
+def test_a_round_filtered_out_entirely_is_asked_again_without_a_new_version():
+    credits, stop = TrajectoryCredits(8, rounds=True), threading.Event()
+    _, schedule = _sync(credits)
+    assert credits.acquire(8, stop)
+    credits.release(8)  # every trajectory came back as a drop notice: no record
+    assert schedule.next_batch(0) is None
+    assert schedule.summary()["sync_rounds"] == 0  # nothing was published
+    assert credits.acquire(8, stop)  # the same version's round is open again

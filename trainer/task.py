@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--warmstart_direct_frac",
         type=float,
         default=0.0,
-        help="share of demonstrations that answer without finishing the tool calls (RL's decision to learn)",
+        help="share of demonstrations that answer directly instead of calling the tool (RL's decision to learn)",
     )
     p.add_argument(
         "--peak_tflops",

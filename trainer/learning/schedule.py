@@ -40,8 +40,6 @@ def split_round(records: list[PackedRecord], batch_records: int, steps: int) -> 
 
 
 class AsyncSchedule:
-    sync = False
-
     def __init__(self, batches: BatchBuffer, publish_every: int):
         self.batches, self.publish_every = batches, publish_every
 
@@ -61,8 +59,6 @@ class AsyncSchedule:
 class SyncSchedule:
     """Rounds of `credits.window` trajectories; `steps_per_round` steps each (more only
     when the round's records do not fit, counted in `extra_steps`)."""
-
-    sync = True
 
     def __init__(
         self,
@@ -98,7 +94,7 @@ class SyncSchedule:
             for queue in self.batches.take_all(version):
                 self.pending += split_round(queue, self.batches.batch_records, self.steps)
             if not self.pending:  # the whole round was filtered out: ask again at this version
-                self.next_round()
+                self._open_round()
                 return None
             self.extra_steps += max(0, len(self.pending) - self.steps)
             self.padding_records += sum(r.record_id == PADDING_ID for b in self.pending for r in b)
@@ -110,6 +106,9 @@ class SyncSchedule:
     def next_round(self) -> None:
         """After the round's version is published: the feeder may request the next one."""
         self.rounds += 1
+        self._open_round()
+
+    def _open_round(self) -> None:
         self.round_started = self.clock()
         self.credits.open_round()
 

@@ -45,7 +45,7 @@ class WarmStartConfig:
     # at a constant 3e-3, 0.910 / 0.980 with cosine.
     schedule: str = "cosine"
     warmup_steps: int = 50
-    direct_frac: float = 0.0  # share of demonstrations that answer without finishing the tool calls
+    direct_frac: float = 0.0  # share of demonstrations that answer directly instead of calling the tool
     direct_at: str = "first_turn"  # where those demonstrations answer: "first_turn" | "any_turn"
     seed: int = 0
 
