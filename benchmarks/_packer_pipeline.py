@@ -27,13 +27,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from localstack.plan import synthetic_trajectory
 from pipelines.pack_transform import PackTrajectoryGroups
 from pipelines.packing_config import PackingConfig
-from pipelines.trajectory import Trajectory
 from trainer.contracts import records
 from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 
@@ -43,25 +42,9 @@ class ParseGroupFn(beam.DoFn):
         if HEARTBEAT_ATTRIBUTE in (msg.attributes or {}):
             return
         d = json.loads(msg.data)
-        group = []
-        for i, n in enumerate(d["lengths"]):
-            mask = np.zeros(n, np.uint8)
-            mask[n // 3 :] = 1  # some prompt, then policy tokens
-            group.append(
-                Trajectory(
-                    trajectory_id=f"{d['request_id']}/{i}",
-                    request_id=d["request_id"],
-                    task_id="bench",
-                    tokens=(np.arange(n) % 256).astype(np.int32),
-                    loss_mask=mask,
-                    behaviour_logprobs=np.where(mask == 1, -1.0, 0.0).astype(np.float32),
-                    policy_versions=np.where(mask == 1, 0, -1).astype(np.int32),
-                    reward=float(i % 2),
-                    status="finished",
-                    advantage=0.5 if i % 2 else -0.5,
-                    finished_at=float(d["finished_at"]),
-                )
-            )
+        group = [
+            synthetic_trajectory(d["request_id"], i, n, float(d["finished_at"])) for i, n in enumerate(d["lengths"])
+        ]
         yield group
 
 

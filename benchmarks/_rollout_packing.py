@@ -148,6 +148,7 @@ def stream_pack(
 
 PACK_SHAPES = (
     RecordShape(4, 256, 2),
+    RecordShape(4, 256, 4),  # the default since the utilization work
     RecordShape(8, 256, 2),
     RecordShape(8, 256, 8),
     RecordShape(16, 256, 8),

@@ -40,6 +40,7 @@ from _rollout_decode import LENGTH, Samplers, bench_decode, decode_caps
 from _rollout_latency import bench_latency, profile_c64
 from _rollout_packing import bench_flush, bench_packing, length_pools, sample_stream
 
+from trainer.contracts.record_shape import DEFAULT_MAX_SEGMENTS_PER_ROW
 from trainer.policy.config import ModelConfig
 from trainer.policy.model import init_model, split_params
 
@@ -75,7 +76,7 @@ def parse_args(argv):
     p.add_argument("--flush_rates", default="4,20", help="trajectories/s published, one phase each")
     p.add_argument("--flush_phase_s", type=float, default=None, help="seconds per rate (default 30, quick 10)")
     p.add_argument("--flush_rows", type=int, default=4)
-    p.add_argument("--flush_segments", type=int, default=2)
+    p.add_argument("--flush_segments", type=int, default=DEFAULT_MAX_SEGMENTS_PER_ROW)
     a = p.parse_args(argv)
     q = a.quick
     defaults = {

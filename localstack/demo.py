@@ -36,7 +36,7 @@ def parse_args(argv):
     p.add_argument("--max_steps", type=int, default=30)
     p.add_argument("--publish_every", type=int, default=2)
     p.add_argument("--keep_versions", type=int, default=5, help="policy versions kept in the store")
-    p.add_argument("--batch_records", type=int, default=8, help="records per learner step (up to 8 episodes each)")
+    p.add_argument("--batch_records", type=int, default=4, help="records per learner step (up to 16 episodes each)")
     p.add_argument("--group_size", type=int, default=8, help="episodes per prompt (GRPO group)")
     p.add_argument("--learning_rate", type=float, default=3e-4)
     p.add_argument(
@@ -74,9 +74,70 @@ def parse_args(argv):
     p.add_argument("--eval_modes", default="sampled,greedy", help="sampled (temperature 1) and/or greedy")
     p.add_argument("--eval_nice", type=int, default=10, help="the evaluator's CPU niceness (it skips versions)")
     p.add_argument("--target", type=float, default=0.9, help="held-out success the summary reports reaching")
+    p.add_argument(
+        "--plan",
+        default="auto",
+        help="auto: run localstack.plan first and use its credits, staleness bound and engine "
+        "concurrency; a plan JSON to use; off: the learner's and pipeline's own defaults",
+    )
+    p.add_argument("--target_duty", type=float, default=0.95, help="the learner duty cycle the plan aims at")
+    p.add_argument("--rollout_rate", type=float, default=None, help="for the plan: measured rollout ceiling")
+    p.add_argument("--learner_cpus", default=None, help="pin the learner (and the planner) to these cores, e.g. 0")
+    p.add_argument("--rollout_cpus", default=None, help="pin the emulator, pipeline and evaluator, e.g. 1")
+    p.add_argument("--init_policy", default=None, help="start RL from this policy store's newest version")
     p.add_argument("--learner_flags", default="", help="extra flags for trainer.task, e.g. '--learning_rate=0'")
     p.add_argument("--pipeline_flags", default="", help="extra flags for pipelines.rollout")
     return p.parse_args(argv)
+
+
+def rollout_command(project: str, requests_sub: str, records_topic: str, dead_topic: str, store, flags) -> list[str]:
+    """The streaming rollout job on the local runner, with the contract's record layout."""
+    return [
+        sys.executable,
+        "-m",
+        "pipelines.rollout",
+        "--runner=BundleBasedDirectRunner",
+        "--streaming",
+        f"--project={project}",
+        f"--requests_subscription={requests_sub}",
+        f"--records_topic={records_topic}",
+        f"--dead_letter_topic={dead_topic}",
+        f"--policy_root={store}",
+        *RecordLayout().to_flags(),  # the contract's defaults, the same for both sides
+        *flags,
+    ]
+
+
+def cpu_set(text: str | None) -> set[int] | None:
+    return {int(c) for c in text.split(",")} if text else None
+
+
+def make_plan(args, workdir: Path, env: dict) -> dict | None:
+    """The capacity plan the run uses: measured now (auto), read from a file, or none."""
+    if args.plan == "off":
+        return None
+    path = Path(args.plan) if args.plan != "auto" else workdir / "plan.json"
+    if args.plan == "auto":
+        cmd = [
+            sys.executable,
+            "-m",
+            "localstack.plan",
+            f"--env={args.env}",
+            f"--tool_latency={args.tool_latency}",
+            f"--batch_records={args.batch_records}",
+            f"--group_size={args.group_size}",
+            f"--publish_every={args.publish_every}",
+            f"--target_duty={args.target_duty}",
+            f"--max_wait_s={args.max_wait_s}",
+            *([f"--rollout_rate={args.rollout_rate}"] if args.rollout_rate else []),
+            *RecordLayout().to_flags(),
+            f"--out={path}",
+        ]
+        with ProcessGroup(cmd, workdir / "plan.log", env, cpus=cpu_set(args.learner_cpus)) as planner:
+            wait_for(planner, 300, "planner")
+    plan = json.loads(path.read_text())
+    (workdir / "plan.json").write_text(json.dumps(plan, indent=2))  # what the learner reads
+    return plan
 
 
 def run_local(args) -> dict:
@@ -84,29 +145,37 @@ def run_local(args) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="agentic-rl-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     summary_path, store = workdir / "summary.json", workdir / "policy-store"
+    own_cpus = os.sched_getaffinity(0)
+    if args.rollout_cpus:  # the emulator (a JVM) and everything else started here inherit it
+        os.sched_setaffinity(0, cpu_set(args.rollout_cpus))
+    try:
+        return _run_pinned(args, started, workdir, summary_path, store)
+    finally:
+        os.sched_setaffinity(0, own_cpus)
+
+
+def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: Path) -> dict:
+    plan = make_plan(args, workdir, {**os.environ, "JAX_PLATFORMS": "cpu"})
     with PubSubEmulator(log_dir=workdir / "emulator") as emu:
         topics = {k: emu.create_topic(v) for k, v in TOPICS.items()}
         subs = {k: emu.create_subscription(f"{v}-sub", v) for k, v in TOPICS.items()}
         env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
         py = sys.executable
         shape = RecordLayout().to_flags()  # the contract's defaults, the same for both sides
-        pipeline_cmd = [
-            py,
-            "-m",
-            "pipelines.rollout",
-            "--runner=BundleBasedDirectRunner",
-            "--streaming",
-            f"--project={emu.project}",
-            f"--requests_subscription={subs['requests']}",
-            f"--records_topic={topics['records']}",
-            f"--dead_letter_topic={topics['dead']}",
-            f"--policy_root={store}",
-            f"--policy_poll_s={args.policy_poll_s}",
-            f"--max_wait_s={args.max_wait_s}",
-            *([] if args.keep_zero_signal else ["--filter_zero_signal"]),
-            *shape,
-            *shlex.split(args.pipeline_flags),
-        ]
+        pipeline_cmd = rollout_command(
+            emu.project,
+            subs["requests"],
+            topics["records"],
+            topics["dead"],
+            store,
+            [
+                f"--policy_poll_s={args.policy_poll_s}",
+                f"--max_wait_s={args.max_wait_s}",
+                *([] if args.keep_zero_signal else ["--filter_zero_signal"]),
+                *(plan["pipeline_flags"] if plan else []),
+                *shlex.split(args.pipeline_flags),
+            ],
+        )
         learner_cmd = [
             py,
             "-m",
@@ -132,6 +201,8 @@ def run_local(args) -> dict:
             f"--env_config={json.dumps({'tool_latency': args.tool_latency})}",
             f"--data_dir={workdir / 'datasets'}",
             *shape,
+            *([f"--init_policy={args.init_policy}"] if args.init_policy else []),
+            *([*plan["learner_flags"], f"--plan={workdir / 'plan.json'}"] if plan else []),
             *shlex.split(args.learner_flags),
         ]
         # Held-out evaluation, its own process: it reads the store, never the records topic.
@@ -147,12 +218,14 @@ def run_local(args) -> dict:
             f"--data_dir={workdir / 'datasets'}",
             f"--stop_file={workdir / 'final_version'}",
             f"--timeout_s={args.timeout_s + 600}",
-            f"--max_tokens={RecordLayout().max_seq_len}",
+            f"--max_tokens={RecordLayout().trajectory_len}",
             f"--nice={args.eval_nice}",
         ]
         evaluating = args.eval_n > 0
         with ExitStack() as running:
-            learner = running.enter_context(ProcessGroup(learner_cmd, workdir / "learner.log", env))
+            learner = running.enter_context(
+                ProcessGroup(learner_cmd, workdir / "learner.log", env, cpus=cpu_set(args.learner_cpus))
+            )
             deadline = time.monotonic() + args.timeout_s + 60
             # The rollout side starts once policy v0 exists: until then it could only poll,
             # and on two cores that would slow the learner's warm start.
@@ -177,6 +250,7 @@ def run_local(args) -> dict:
     summary = json.loads(summary_path.read_text())
     rows = read_rows(workdir / "eval.jsonl")
     summary["held_out"] = held_out_summary(rows, args.target) if rows else {}
+    summary["plan"] = plan and {"settings": plan["plan"], "predicted": plan["predicted"]}
     summary["eval_n"] = args.eval_n
     summary["demo_wall_s"] = round(time.monotonic() - started, 1)
     summary["workdir"] = str(workdir)
@@ -210,6 +284,12 @@ def print_summary(s: dict) -> None:
     print(f"records by policy ver.   {s['records_by_max_policy_version']}")
     print(f"wall time                {s['wall_s']} s, learner duty cycle {s['learner_duty_cycle']}")
     print(f"whole demo               {s['demo_wall_s']} s (warm start {s['warmstart_s']} s)")
+    if s.get("plan"):
+        p, a = s["plan"]["settings"], s["plan"]["predicted"]["sync" if s.get("schedule") == "sync" else "async"]
+        print(
+            f"capacity plan            {p['max_in_flight']} trajectories in flight, staleness bound "
+            f"{p['max_staleness']}: predicted duty cycle {a['duty_cycle']:.2f} (bound by {a['binds']})"
+        )
     for line in format_held_out(s.get("held_out", {}), s.get("eval_n")):
         print(line)
     print(f"logs and policy store    {s['workdir']}")

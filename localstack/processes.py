@@ -47,15 +47,26 @@ def kill_group(proc: subprocess.Popen, term_grace_s: float = 5.0) -> None:
 class ProcessGroup:
     """`with ProcessGroup(cmd, log_path, env) as pg:` runs cmd with output to log_path."""
 
-    def __init__(self, cmd: list[str], log_path: str | os.PathLike, env: dict | None = None, cwd: str | None = None):
+    def __init__(
+        self,
+        cmd: list[str],
+        log_path: str | os.PathLike,
+        env: dict | None = None,
+        cwd: str | None = None,
+        cpus: set[int] | None = None,
+    ):
         self.cmd, self.log_path, self.env, self.cwd = cmd, Path(log_path), env, cwd
+        self.cpus = cpus  # pin the child (and all it starts) to these cores
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> ProcessGroup:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
+            # taskset, not a preexec_fn: a forking preexec in a process that runs JAX threads
+            # can deadlock; the mask is set before exec, so every thread inherits it.
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(self.cpus))), *self.cmd] if self.cpus else self.cmd
             self.proc = subprocess.Popen(
-                self.cmd,
+                cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

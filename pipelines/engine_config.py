@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from pipelines.episodes import EpisodeLimits
-from trainer.contracts.record_shape import DEFAULT_SEQ_LEN
+from trainer.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from trainer.policy.config import MODEL_CONFIGS
 from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
 
@@ -24,7 +24,7 @@ class EngineConfig:
     commit_interval_s: float = 0.2  # how often finished groups are committed downstream
     request_shards: int = 4  # keys requests are spread over (state and timers are per key)
     max_new_tokens_per_turn: int = 32
-    max_tokens: int = DEFAULT_SEQ_LEN  # a whole trajectory, prompt included: the largest record bucket
+    max_tokens: int = DEFAULT_MAX_TRAJECTORY_LEN  # a whole trajectory, prompt included: fits one record row
     policy_poll_s: float = 1.0
     # How long a worker waits for the first policy version, and for a request's minimum one.
     policy_wait_s: float = 300.0

@@ -18,7 +18,7 @@ from environments import Environment, EpisodeStatus, Task
 from environments.tool_calls import TURN_STOP_STRINGS
 from pipelines.engine import InferenceEngine, Sequence
 from pipelines.trajectory import Trajectory
-from trainer.contracts.record_shape import DEFAULT_SEQ_LEN
+from trainer.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from trainer.policy import tokenizer
 from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
 
@@ -26,7 +26,7 @@ from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
 @dataclasses.dataclass(frozen=True)
 class EpisodeLimits:
     max_new_tokens_per_turn: int = 32
-    max_tokens: int = DEFAULT_SEQ_LEN  # whole trajectory, prompt included: must fit one record row
+    max_tokens: int = DEFAULT_MAX_TRAJECTORY_LEN  # whole trajectory, prompt included: must fit one record row
     step_timeout_s: float = 30.0
     episode_timeout_s: float = 120.0
 

@@ -30,7 +30,7 @@ from flax import nnx
 import environments
 from pipelines.episodes import EpisodeLimits
 from pipelines.evaluation import MODES, evaluate
-from trainer.contracts.record_shape import DEFAULT_SEQ_LEN
+from trainer.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from trainer.contracts.store import PolicyStore, StoreError
 from trainer.policy.config import MODEL_CONFIGS, model_config
 from trainer.policy.model import abstract_tree
@@ -50,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data_dir", default=None, help="read the test split from the environment's TFDS dataset")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES}")
     p.add_argument("--model_config", default="tiny", choices=sorted(MODEL_CONFIGS))
-    p.add_argument("--max_tokens", type=int, default=DEFAULT_SEQ_LEN, help="episode length cap (largest bucket)")
+    p.add_argument(
+        "--max_tokens",
+        type=int,
+        default=DEFAULT_MAX_TRAJECTORY_LEN,
+        help="episode length cap (the layout's max_trajectory_len)",
+    )
     p.add_argument("--max_new_tokens_per_turn", type=int, default=32)
     p.add_argument("--slots", type=int, default=64, help="episodes decoded at once")
     p.add_argument("--poll_s", type=float, default=1.0)

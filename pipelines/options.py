@@ -148,7 +148,7 @@ def engine_config(options: PipelineOptions) -> EngineConfig:
         commit_interval_s=eng.commit_interval_s,
         request_shards=eng.request_shards,
         max_new_tokens_per_turn=opts.max_new_tokens_per_turn,
-        max_tokens=layout_from_flags(opts).max_seq_len,  # an episode must fit the largest bucket
+        max_tokens=layout_from_flags(opts).trajectory_len,  # an episode must fit one row
         policy_poll_s=opts.policy_poll_s,
         policy_wait_s=opts.policy_wait_s,
         advantage_estimator=opts.advantage_estimator,

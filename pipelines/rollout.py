@@ -14,7 +14,7 @@ import threading
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines.direct_runner import memoise_dofn_specs
+from pipelines.direct_runner import memoise_dofn_specs, share_pubsub_publishers
 from pipelines.options import RolloutOptions, engine_config, packing_config
 from pipelines.pack_transform import DROPPED, PackTrajectoryGroups
 from pipelines.transforms import DEAD_LETTER, ParseRequestFn, RunEpisodes, drop_notice_message, to_pubsub_message
@@ -89,6 +89,7 @@ def run(argv=None) -> None:
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
     if runner in DIRECT_RUNNERS:
         memoise_dofn_specs()
+        share_pubsub_publishers()
         if opts.heartbeat_s > 0:
             start_heartbeat(opts.requests_subscription, opts.heartbeat_s)
     with beam.Pipeline(options=options) as p:

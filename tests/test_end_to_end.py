@@ -35,6 +35,9 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
             "--batch_records=2",
             "--group_size=4",
             "--keep_zero_signal",  # random init: nearly every group is all-zero reward
+            # The learner's own credits: the plan's window (sized for a busy learner) would
+            # hold all 10 steps' trajectories at once, all from v0. The sync test runs the plan.
+            "--plan=off",
         ]
     )
     s = run_local(args)
@@ -94,6 +97,9 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
     assert set(s["staleness_histogram"]) == {"0"}
     assert s["records_dropped_stale"] == 0 and s["trajectories_dropped_stale"] == 0  # no rollout wasted
     assert s["sync_lost_trajectories"] == 0
+    # The capacity plan ran first (the demo's default); the pipeline and the learner took it.
+    slots = s["plan"]["settings"]["engine_slots"]
+    assert f"rollout worker ready: {slots} slots" in (workdir / "pipeline.log").read_text()
     last = s["policy_versions_published"][-1]
     assert PolicyStore(str(workdir / "policy-store")).versions() == [last - 1, last]  # old versions collected
     assert _processes_mentioning(str(workdir)) == []

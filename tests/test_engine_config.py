@@ -53,12 +53,13 @@ def test_pipeline_flags_build_the_engine_config():
         commit_interval_s=0.5,
         request_shards=2,
         max_new_tokens_per_turn=24,
-        max_tokens=512,  # the largest bucket: an episode must fit a record row
+        max_tokens=256,  # the default trajectory cap (the tiny policy's context), below the largest bucket
         policy_poll_s=0.25,
         policy_wait_s=60.0,
         advantage_estimator="rloo",
     )
-    assert cfg.limits.max_tokens == 512 and cfg.limits.max_new_tokens_per_turn == 24
+    assert cfg.limits.max_tokens == 256 and cfg.limits.max_new_tokens_per_turn == 24
+    assert engine_config(PipelineOptions([*flags, "--max_trajectory_len=512"])).max_tokens == 512
 
 
 def _choices(parser, dest):

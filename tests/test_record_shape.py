@@ -67,3 +67,26 @@ def test_learner_and_pipeline_read_the_same_flags_the_same_way():
 def test_the_learner_refuses_unsorted_buckets_at_start():
     with pytest.raises(ValueError, match="strictly increasing"):
         layout_from_flags(task.parse_args([*LEARNER_FLAGS, "--buckets=512,128"]))
+
+
+def test_trajectories_may_be_shorter_than_rows_never_longer():
+    assert RecordLayout().trajectory_len == 256  # the tiny policy's context
+    assert RecordLayout((128,)).trajectory_len == 128  # rows shorter than that cap it
+    long_rows = RecordLayout((1024,), 2, 16, max_trajectory_len=256)
+    assert long_rows.trajectory_len == 256 and parse(long_rows.to_flags()) == long_rows
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        RecordLayout((128,), max_trajectory_len=256)
+    with pytest.raises(ValueError, match="max_trajectory_len"):
+        RecordLayout((256,), max_trajectory_len=0)
+
+
+def test_both_sides_cap_episodes_at_the_trajectory_length():
+    from pipelines.options import engine_config
+
+    flags = ["--policy_root=/x", "--buckets=1024", "--rows=2", "--max_segments_per_row=16", "--max_trajectory_len=200"]
+    assert engine_config(PipelineOptions(flags)).max_tokens == 200
+    ns = task.parse_args([*LEARNER_FLAGS, *flags[1:]])
+    from trainer.learning.builder import make_warmstart_config
+
+    ns.warmstart_steps = 1
+    assert make_warmstart_config(ns).max_seq_len == 200

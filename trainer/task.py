@@ -92,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--init_policy",
+        default=None,
+        help="start from the newest version in this policy store (a dir or gs://…) instead of a warm start",
+    )
+    p.add_argument(
+        "--plan",
+        default=None,
+        help="a localstack.plan JSON: warn at start if the credit window cannot reach its duty cycle",
+    )
+    p.add_argument(
         "--warmstart_steps",
         type=int,
         default=0,
@@ -155,6 +165,7 @@ def run(args) -> dict:
     publisher = B.make_publisher(args, learner, checkpointer, start)
     publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)
     staleness, credits = B.make_staleness(args), B.make_credits(args, layout)
+    B.warn_if_short(args, credits)
     feeder = B.make_feeder(args, tasks, credits, staleness, publisher, start)
     consumer = B.make_consumer(args, layout, start)
     batches = B.make_batches(layout, learner, staleness)

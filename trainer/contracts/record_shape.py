@@ -13,9 +13,14 @@ import itertools
 
 DEFAULT_ROWS = 4
 DEFAULT_SEQ_LEN = 256
-# Bounds the trajectories per record, which the feeder's credit rule relies on.
-DEFAULT_MAX_SEGMENTS_PER_ROW = 2
+# Bounds the trajectories per record, which the feeder's credit rule relies on. 4: the
+# calculator's 70-125-token transcripts fill a row of 256 to 92 % (2: 78 %); longer rows
+# fill better (1024: 97 %) but the learner's dense attention makes a step of the same
+# tokens 4x as long (docs/BENCHMARKS.md, "Utilization").
+DEFAULT_MAX_SEGMENTS_PER_ROW = 4
 DEFAULT_BUCKETS: tuple[int, ...] = (DEFAULT_SEQ_LEN,)
+# The longest episode by default: the tiny policy's context (trainer.policy.config).
+DEFAULT_MAX_TRAJECTORY_LEN = 256
 
 
 def _positive_int(name: str, value) -> None:
@@ -51,6 +56,12 @@ class RecordLayout:
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     rows: int = DEFAULT_ROWS
     max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
+    # The longest trajectory (prompt included) an episode may reach: the engine's and the
+    # warm start's length. None: DEFAULT_MAX_TRAJECTORY_LEN, or the largest bucket where
+    # that is shorter. Rows may be longer than it and pack
+    # several trajectories (positions restart per segment, so the model's context is the
+    # trajectory, not the row).
+    max_trajectory_len: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "buckets", tuple(self.buckets))
@@ -63,6 +74,17 @@ class RecordLayout:
             raise ValueError(f"buckets must be strictly increasing (sorted, no duplicates), got {b}")
         _positive_int("rows", self.rows)
         _positive_int("max_segments_per_row", self.max_segments_per_row)
+        if self.max_trajectory_len is not None:
+            _positive_int("max_trajectory_len", self.max_trajectory_len)
+            if self.max_trajectory_len > b[-1]:
+                raise ValueError(
+                    f"max_trajectory_len {self.max_trajectory_len} exceeds the largest bucket {b[-1]}: "
+                    "such a trajectory would fit no record"
+                )
+
+    @property
+    def trajectory_len(self) -> int:
+        return self.max_trajectory_len or min(self.max_seq_len, DEFAULT_MAX_TRAJECTORY_LEN)
 
     @property
     def shapes(self) -> tuple[RecordShape, ...]:
@@ -84,6 +106,7 @@ class RecordLayout:
             f"--seq_len={self.max_seq_len}",
             f"--max_segments_per_row={self.max_segments_per_row}",
             f"--buckets={','.join(map(str, self.buckets))}",
+            *([f"--max_trajectory_len={self.max_trajectory_len}"] if self.max_trajectory_len else []),
         ]
 
 
@@ -114,8 +137,15 @@ def add_layout_arguments(parser) -> None:
     parser.add_argument(
         "--buckets", default=None, help="record row lengths, strictly ascending, e.g. 128,256 (default: --seq_len)"
     )
+    parser.add_argument(
+        "--max_trajectory_len",
+        type=int,
+        default=None,
+        help=f"the longest episode, prompt included (default: {DEFAULT_MAX_TRAJECTORY_LEN} or the largest bucket)",
+    )
 
 
 def layout_from_flags(ns) -> RecordLayout:
     """The layout named by flags added with `add_layout_arguments`."""
-    return RecordLayout(parse_buckets(ns.buckets, ns.seq_len), ns.rows, ns.max_segments_per_row)
+    buckets = parse_buckets(ns.buckets, ns.seq_len)
+    return RecordLayout(buckets, ns.rows, ns.max_segments_per_row, getattr(ns, "max_trajectory_len", None))

@@ -4,16 +4,20 @@ builder is the model): trainer.task wires them and runs the loop."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
 import environments
 from trainer.contracts.record_shape import RecordLayout, layout_from_flags
 from trainer.contracts.store import PolicyStore
 from trainer.learning.batches import BatchBuffer
+from trainer.learning.capacity import Measurements, shortfall_warning
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.consumer import RecordConsumer
 from trainer.learning.feeder import CreditConfig, Feeder, TrajectoryCredits
@@ -119,7 +123,20 @@ def restore_or_initialise(learner: Learner, checkpointer, args, tasks) -> Start:
             learner.ref_params = state["ref_params"]
         return Start(meta["learner_version"], step, meta["feeder_position"], frozenset(meta["consumed_ids"]))
     t0 = time.monotonic()
-    if args.warmstart_steps:
+    if args.init_policy:
+        found = PolicyStore(args.init_policy).load_latest(learner.params_dict())
+        if found is None:
+            raise ValueError(f"--init_policy {args.init_policy} holds no complete policy version")
+        nnx.replace_by_pure_dict(learner.params, found[1])  # the store holds plain dicts
+        # Uncommitted device arrays, as the initial params were: Orbax's restored arrays
+        # (committed to a device) would make the first step compile for them and the
+        # second compile again for its own outputs.
+        if learner.mesh is None:
+            learner.params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), learner.params)
+        else:
+            learner.params = jax.device_put(learner.params, learner._shardings)
+        log.info("initial params: version %d of %s (no warm start)", found[0], args.init_policy)
+    elif args.warmstart_steps:
         cfg = make_warmstart_config(args)
         demos = environments.make_tasks(args.env, args.task_seed + 1, args.warmstart_tasks, "train")
         learner.params, losses = warm_start(learner.graphdef, learner.params, args.env, demos, cfg)
@@ -133,7 +150,7 @@ def make_warmstart_config(args) -> WarmStartConfig:
     return WarmStartConfig(
         steps=args.warmstart_steps,
         batch_rows=args.warmstart_batch,
-        max_seq_len=layout_from_flags(args).max_seq_len,
+        max_seq_len=layout_from_flags(args).trajectory_len,
         learning_rate=args.warmstart_lr,
         schedule=args.warmstart_schedule,
         warmup_steps=args.warmstart_warmup,
@@ -176,9 +193,28 @@ def make_credits(args, layout: RecordLayout) -> TrajectoryCredits:
     return TrajectoryCredits(cfg.window, rounds=args.sync)
 
 
+def warn_if_short(args, credits: TrajectoryCredits) -> str | None:
+    """With --plan: a warning (logged and returned) if the window cannot reach its duty cycle."""
+    if not args.plan or args.sync:
+        return None
+    with open(args.plan) as f:
+        plan = json.load(f)
+    m = Measurements(**plan["measurements"])
+    warning = shortfall_warning(m, credits.window, args.publish_every, plan["plan"]["target_duty"])
+    if warning:
+        log.warning("%s", warning)
+    return warning
+
+
 def make_schedule(args, batches: BatchBuffer, credits: TrajectoryCredits) -> AsyncSchedule | SyncSchedule:
     if args.sync:
-        return SyncSchedule(batches, credits, args.publish_every, args.sync_round_timeout_s)
+        per_record = None
+        if args.plan:  # the plan's packing estimate sizes the first round
+            with open(args.plan) as f:
+                per_record = json.load(f)["measurements"]["trajectories_per_record"]
+        return SyncSchedule(
+            batches, credits, args.publish_every, args.sync_round_timeout_s, args.group_size, per_record
+        )
     return AsyncSchedule(batches, args.publish_every)
 
 

@@ -30,8 +30,9 @@ class CreditConfig:
     batch_records: int
     shape: RecordShape
     group_size: int
-    # Synchronous rounds: the window is one round, the trajectories that fill
-    # `steps_per_round` full batches (rounded up to whole groups); max_batches_ahead unused.
+    # Synchronous rounds: the window is the largest round, the trajectories that fill
+    # `steps_per_round` batches of full records (whole groups); SyncSchedule sizes each
+    # round within it from the packing it sees. max_batches_ahead unused.
     sync: bool = False
     steps_per_round: int = 1
     # The user's knob for the asynchronous window: trajectories in flight (Little's law:
@@ -110,9 +111,11 @@ class TrajectoryCredits:
         with self._cond:
             return self.rounds and self._round_left == 0 and self.outstanding == 0
 
-    def open_round(self) -> None:
+    def open_round(self, size: int | None = None) -> None:
+        """The next round may request `size` trajectories (default: the window), no more
+        than the window the credit rule allows."""
         with self._cond:
-            self._round_left = self.window
+            self._round_left = self.window if size is None else max(1, min(size, self.window))
             self._cond.notify_all()
 
     def forget_outstanding(self) -> None:

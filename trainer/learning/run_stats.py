@@ -23,6 +23,10 @@ class RunStats:
         self.trained_loss_tokens = 0
         self.flops = 0.0
         self.trained_ids: set[str] = set()
+        # Steady state: from the end of the first step (start-up and its compile excluded).
+        self.first_step_end: float | None = None
+        self.first_step_s = 0.0
+        self.first_step_tokens = 0
 
     def on_record(self, rec) -> None:
         self.records += 1
@@ -42,13 +46,34 @@ class RunStats:
         self.trained_tokens += sum(r.num_tokens for r in batch)
         self.trained_ids.update(r.record_id for r in batch if r.trajectories)  # not the sync baseline's padding
         self.trained_loss_tokens += sum(r.num_loss_tokens for r in batch)
+        if self.first_step_end is None:
+            self.first_step_end, self.first_step_s, self.first_step_tokens = (
+                time.monotonic(),
+                step_s,
+                self.trained_tokens,
+            )
 
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
 
-    def summary(self, learner, start, publisher, consumer, feeder, staleness, layout) -> dict:
-        wall = time.monotonic() - self.started
+    def steady(self, now: float) -> dict:
+        """Duty cycle and trained tokens/s after the first step: what the benchmarks compare
+        (the first step carries the compile and the wait for the rollout side to start)."""
+        if self.first_step_end is None or now <= self.first_step_end:
+            return {"steady_duty_cycle": 0.0, "steady_trained_tokens_per_s": 0.0, "steady_wall_s": 0.0}
+        wall = now - self.first_step_end
         return {
+            "steady_duty_cycle": round((self.step_time_s - self.first_step_s) / wall, 4),
+            "steady_trained_tokens_per_s": round((self.trained_tokens - self.first_step_tokens) / wall, 1),
+            "steady_wall_s": round(wall, 2),
+            "first_step_s": round(self.first_step_s, 3),
+        }
+
+    def summary(self, learner, start, publisher, consumer, feeder, staleness, layout) -> dict:
+        now = time.monotonic()
+        wall = now - self.started
+        return {
+            **self.steady(now),
             "steps": learner.steps,
             "mesh": dict(learner.mesh.shape) if learner.mesh is not None else None,
             "resumed_from_step": start.resumed_from_step,

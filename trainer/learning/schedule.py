@@ -57,8 +57,11 @@ class AsyncSchedule:
 
 
 class SyncSchedule:
-    """Rounds of `credits.window` trajectories; `steps_per_round` steps each (more only
-    when the round's records do not fit, counted in `extra_steps`)."""
+    """Rounds sized to fill `steps_per_round` batches, the learner steps per version of
+    the asynchronous run (more only when a round's records do not fit, counted in
+    `extra_steps`; fewer records are padded). A round requests whole groups: as many as
+    fill the steps at the trajectories per record seen so far (the plan's estimate, or
+    the densest packing, before any record arrived)."""
 
     def __init__(
         self,
@@ -66,16 +69,36 @@ class SyncSchedule:
         credits: TrajectoryCredits,
         steps_per_round: int,
         round_timeout_s: float,
+        group_size: int = 1,
+        per_record: float | None = None,
         clock=time.monotonic,
     ):
         if not credits.rounds:
             raise ValueError("SyncSchedule needs round credits (TrajectoryCredits(..., rounds=True))")
         self.batches, self.credits, self.steps = batches, credits, steps_per_round
+        self.group_size, self.per_record = group_size, per_record
         self.round_timeout_s, self.clock = round_timeout_s, clock
+        self.seen_records = self.seen_trajectories = 0
+        self.round_sizes: list[int] = []
         self.pending: list[list] = []
         self.rounds = self.extra_steps = self.padding_records = self.timed_out_rounds = 0
         self.lost_trajectories = 0  # never came back within the round's timeout
         self.round_started = clock()
+        self._open_round()
+
+    def round_size(self) -> int:
+        """Trajectories of the next round: whole groups that fill steps_per_round batches."""
+        per_record = self.per_record
+        if self.seen_records:
+            per_record = self.seen_trajectories / self.seen_records
+        if per_record is None:
+            return self.credits.window
+        # One record short of the steps, rounded down: the packer's max-wait flushes make
+        # some records part-full, and a round that overflows its steps would train an extra
+        # step on this version (a short one is padded: learner time, not rollouts, counted).
+        room = self.steps * self.batches.batch_records - (1 if self.seen_records else 0)
+        groups = max(1, math.floor(room * per_record / self.group_size))
+        return min(self.credits.window, groups * self.group_size)
 
     def _round_over(self) -> bool:
         if self.credits.round_complete():
@@ -92,6 +115,8 @@ class SyncSchedule:
     def next_batch(self, version: int) -> list | None:
         if not self.pending and self._round_over():
             for queue in self.batches.take_all(version):
+                self.seen_records += len(queue)
+                self.seen_trajectories += sum(len(r.trajectories) for r in queue)
                 self.pending += split_round(queue, self.batches.batch_records, self.steps)
             if not self.pending:  # the whole round was filtered out: ask again at this version
                 self._open_round()
@@ -110,7 +135,9 @@ class SyncSchedule:
 
     def _open_round(self) -> None:
         self.round_started = self.clock()
-        self.credits.open_round()
+        size = self.round_size()
+        self.round_sizes.append(size)
+        self.credits.open_round(size)
 
     def summary(self) -> dict:
         return {
@@ -120,4 +147,5 @@ class SyncSchedule:
             "sync_padding_records": self.padding_records,
             "sync_timed_out_rounds": self.timed_out_rounds,
             "sync_lost_trajectories": self.lost_trajectories,
+            "sync_round_sizes": sorted(set(self.round_sizes)),
         }

@@ -1,0 +1,308 @@
+"""Does decoupling keep the learner busy while tools take seconds? One command, one run:
+
+    .venv/bin/python benchmarks/utilization.py --out docs/results
+
+The learner runs on one core and the rollout side (Pub/Sub emulator, Beam pipeline) on the
+other (sched_setaffinity), so every mode gets the same hardware. For each tool latency:
+1. the rollout-alone ceiling: the rollout job with requests that never run out, drained by
+   a sink (trajectories/s, tokens/s), keeping its records;
+2. the learner-alone ceiling: back-to-back train steps on those records;
+3. the capacity plan (`localstack.plan`) with the measured rollout ceiling: its settings and
+   its predicted duty cycles;
+4. sync: `localstack.demo --sync` (one round per version, nothing stale, nothing early);
+5. async: `localstack.demo` with the plan's settings.
+Both runs start from one warm-started policy (made once here), keep zero-signal groups (a
+systems measurement: every trajectory trains) and take the same learner steps per
+version. Writes utilization.json and utilization.png into --out and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _report import loadavg, machine_info, print_table
+from _utilization_modes import learner_alone_pinned, rollout_alone
+
+from localstack.demo import cpu_set, parse_args, run_local
+from trainer.contracts.record_shape import RecordLayout
+
+LATENCIES = "none,fixed:0.5,fixed:2,lognormal:1:1"
+GROUP_SIZE = 8  # the demo's default
+
+
+def cli(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--latencies", default=LATENCIES)
+    p.add_argument("--steps", type=int, default=20, help="learner steps per sync/async run")
+    p.add_argument("--batch_records", type=int, default=4)
+    p.add_argument("--publish_every", type=int, default=2, help="learner steps per policy version (both modes)")
+    p.add_argument("--warmstart_steps", type=int, default=600, help="for the one initial policy")
+    p.add_argument("--init_policy", default=None, help="a policy store to start from (default: warm start one)")
+    p.add_argument("--measure_s", type=float, default=45.0, help="rollout-alone window")
+    p.add_argument("--learner_cpus", default="0")
+    p.add_argument("--rollout_cpus", default="1")
+    p.add_argument("--workdir", default="/tmp/utilization")
+    p.add_argument("--out", default=None, help="write utilization.json and utilization.png here")
+    return p.parse_args(argv)
+
+
+def demo(workdir: Path, flags: list[str]) -> dict:
+    t0 = time.monotonic()
+    print(f"--- localstack.demo {' '.join(flags)}", flush=True)
+    summary = run_local(parse_args([f"--workdir={workdir}", *flags]))
+    summary["bench_wall_s"] = round(time.monotonic() - t0, 1)
+    return summary
+
+
+def pinning(args) -> list[str]:
+    return [f"--learner_cpus={args.learner_cpus}", f"--rollout_cpus={args.rollout_cpus}"]
+
+
+def make_plan(args, lat: str, rollout_rate: float | None, out: Path, measured: list[str] = ()) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "localstack.plan",
+        f"--tool_latency={lat}",
+        f"--batch_records={args.batch_records}",
+        f"--publish_every={args.publish_every}",
+        *([f"--rollout_rate={rollout_rate}"] if rollout_rate else []),
+        *measured,
+        *RecordLayout().to_flags(),
+        f"--out={out}",
+    ]
+    subprocess.run(["taskset", "-c", args.learner_cpus, *cmd], check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def staleness(summary: dict) -> tuple[float, int]:
+    hist = {int(k): v for k, v in summary["staleness_histogram"].items()}
+    n = sum(hist.values())
+    return (sum(k * v for k, v in hist.items()) / n if n else 0.0), max(hist, default=0)
+
+
+def row(mode: str, s: dict, layout: RecordLayout) -> dict:
+    mean_st, max_st = staleness(s)
+    shape = layout.largest
+    made = s["trajectories"] + sum(s["trajectories_dropped_by_pipeline"].values())
+    return {
+        "mode": mode,
+        "wall_s": s["wall_s"],
+        "steps": s["steps"],
+        "versions": len(s["policy_versions_published"]) - 1,
+        # After the first step (its compile, and the rollout side's start, excluded).
+        "duty": s["steady_duty_cycle"],
+        "tokens_per_s": s["steady_trained_tokens_per_s"],
+        "duty_whole_run": s["learner_duty_cycle"],
+        "made": made,
+        "wasted": s["trajectories_dropped_stale"] + s.get("sync_lost_trajectories", 0),
+        "in_flight_at_end": s["requests_published"] * GROUP_SIZE - made,
+        "mean_staleness": round(mean_st, 2),
+        "max_staleness": max_st,
+        "fill": round(s["tokens_consumed"] / max(1, s["records_consumed"] * shape.rows * shape.seq_len), 3),
+        "padding_records": s.get("sync_padding_records", 0),
+        "extra_steps": s.get("sync_extra_steps", 0),
+    }
+
+
+def run(args) -> dict:
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    layout, rollout_cpus = RecordLayout(), cpu_set(args.rollout_cpus)
+    common = ["--warmstart_steps=0", "--eval_n=0", "--keep_zero_signal", *pinning(args)]
+    results = {"machine": machine_info(), "load_start": loadavg(), "args": vars(args)}
+    init_store = Path(args.init_policy) if args.init_policy else work / "init" / "policy-store"
+    if not args.init_policy:  # one warm-started policy, the start of every run
+        flags = [f"--warmstart_steps={args.warmstart_steps}", "--max_steps=0", "--eval_n=0", "--plan=off"]
+        results["init_wall_s"] = demo(work / "init", [*flags, *pinning(args)])["demo_wall_s"]
+    results["latencies"] = []
+    for lat in args.latencies.split(","):
+        d = work / lat.replace(":", "_")
+        print(f"=== tool latency {lat}", flush=True)
+        d.mkdir(parents=True, exist_ok=True)
+        # The plan's engine concurrency does not depend on the rollout ceiling: measure the
+        # ceiling at those settings, then plan the credits with it.
+        first = make_plan(args, lat, None, d / "plan_engine_only.json")
+        roll = rollout_alone(
+            init_store,
+            lat,
+            d / "rollout",
+            rollout_cpus=rollout_cpus,
+            measure_s=args.measure_s,
+            pipeline_flags=first["pipeline_flags"],
+            window=max(512, 2 * first["plan"]["max_concurrent_groups"] * GROUP_SIZE),  # never runs dry
+            learner=(cpu_set(args.learner_cpus), args.batch_records),  # side by side, same window
+        )
+        learn = roll.pop("learner_alone")
+        learn_idle = learner_alone_pinned(
+            d / "rollout" / "records.bin", args.batch_records, 20, cpu_set(args.learner_cpus), d / "rollout"
+        )
+        print(f"rollout alone: {roll}\nlearner alone: {learn}\n(other core idle: {learn_idle})", flush=True)
+        measured = [  # this run's own stream, not the planner's oracle transcripts
+            f"--learner_step_s={learn['step_s']}",
+            f"--trajectories_per_record={roll['trajectories_per_record']}",
+            f"--tokens_per_trajectory={roll['tokens_per_s'] / roll['trajectories_per_s']}",
+        ]
+        plan = make_plan(args, lat, roll["trajectories_per_s"], d / "plan.json", measured)
+        flags = [
+            *common,
+            f"--tool_latency={lat}",
+            f"--max_steps={args.steps}",
+            f"--batch_records={args.batch_records}",
+            f"--publish_every={args.publish_every}",
+            f"--plan={d / 'plan.json'}",
+            f"--init_policy={init_store}",
+        ]
+        sync = demo(d / "sync", [*flags, "--sync"])
+        asyn = demo(d / "async", flags)
+        limit = min(learn["tokens_per_s"], roll["tokens_per_s"])
+        results["latencies"].append(
+            {
+                "tool_latency": lat,
+                "rollout_alone": roll,
+                "learner_alone": learn,
+                "learner_alone_other_core_idle": learn_idle,
+                "plan": plan["plan"],
+                "predicted": plan["predicted"],
+                "sync": row("sync", sync, layout),
+                "async": row("async", asyn, layout),
+                "limit_tokens_per_s": limit,
+            }
+        )
+        print_tables(results)
+    results["load_end"] = loadavg()
+    return results
+
+
+def print_tables(r: dict) -> None:
+    rows = []
+    for x in r["latencies"]:
+        for mode in ("sync", "async"):
+            m, p = x[mode], x["predicted"][mode]
+            rows.append(
+                [
+                    x["tool_latency"],
+                    mode,
+                    m["wall_s"],
+                    m["duty"],
+                    round(p["duty_cycle"], 3),
+                    m["tokens_per_s"],
+                    round(m["tokens_per_s"] / x["limit_tokens_per_s"], 3),
+                    m["made"],
+                    m["wasted"],
+                    m["mean_staleness"],
+                    m["max_staleness"],
+                    m["fill"],
+                    m["versions"],
+                ]
+            )
+    print_table(
+        "sync vs async (learner on one core, rollouts on the other)",
+        [
+            "tool latency",
+            "mode",
+            "wall s",
+            "duty",
+            "predicted duty",
+            "trained tok/s",
+            "measured/limit",
+            "rollouts made",
+            "wasted",
+            "mean stale",
+            "max stale",
+            "fill",
+            "versions",
+        ],
+        rows,
+    )
+    ceil_rows = [
+        [
+            x["tool_latency"],
+            round(x["learner_alone"]["tokens_per_s"]),
+            round(x["learner_alone_other_core_idle"]["tokens_per_s"]),
+            round(x["learner_alone"]["step_s"], 3),
+            round(x["rollout_alone"]["tokens_per_s"]),
+            round(x["rollout_alone"]["trajectories_per_s"], 1),
+            round(x["limit_tokens_per_s"]),
+            round(x["async"]["tokens_per_s"] / max(1e-9, x["sync"]["tokens_per_s"]), 2),
+            x["plan"]["max_in_flight"],
+            x["plan"]["max_staleness"],
+            x["predicted"]["async"]["binds"],
+        ]
+        for x in r["latencies"]
+    ]
+    print_table(
+        "ceilings and the plan",
+        [
+            "tool latency",
+            "learner alone tok/s",
+            "(other core idle)",
+            "step s",
+            "rollout alone tok/s",
+            "rollout traj/s",
+            "limit tok/s",
+            "async/sync",
+            "plan in flight",
+            "plan staleness",
+            "plan: binds",
+        ],
+        ceil_rows,
+    )
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [x["tool_latency"] for x in r["latencies"]]
+    xs = range(len(labels))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, color in (("sync", "tab:orange"), ("async", "tab:blue")):
+        a.plot(xs, [x[mode]["duty"] for x in r["latencies"]], "o-", color=color, label=f"{mode} measured")
+        a.plot(
+            xs,
+            [x["predicted"][mode]["duty_cycle"] for x in r["latencies"]],
+            "x--",
+            color=color,
+            label=f"{mode} planned",
+        )
+        b.plot(xs, [x[mode]["tokens_per_s"] for x in r["latencies"]], "o-", color=color, label=mode)
+    b.plot(xs, [x["limit_tokens_per_s"] for x in r["latencies"]], "k:", label="min(ceilings)")
+    b.plot(xs, [x["learner_alone"]["tokens_per_s"] for x in r["latencies"]], "g:", label="learner alone")
+    for ax, title in ((a, "learner duty cycle"), (b, "trained tokens/s")):
+        ax.set_xticks(list(xs), labels)
+        ax.set_xlabel("tool latency per call")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    a.set_ylim(0, 1.05)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    args = cli(argv)
+    t0 = time.monotonic()
+    results = run(args)
+    results["wall_s"] = round(time.monotonic() - t0, 1)
+    print(f"machine {results['machine']}, load {results['load_start']} -> {results['load_end']}, {results['wall_s']} s")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "utilization.json").write_text(json.dumps(results, indent=2, default=str))
+        plot(results, out / "utilization.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

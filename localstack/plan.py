@@ -1,0 +1,279 @@
+"""The capacity planner: `python -m localstack.plan --env calculator --tool_latency fixed:2`.
+
+A latency audit before a run. It measures, on this machine:
+- the environment: oracle episodes through the real environment and its latency model
+  (tool calls and tool wait per episode, the slowest episode of a synchronous round);
+- the rollout engine: decode step time with every slot busy, hence generation time per
+  episode and an engine-only ceiling of episodes/s (Beam's own cost is not in it: pass the
+  rollout side's measured ceiling with --rollout_rate, as benchmarks/utilization.py does);
+- the learner: its step time on records packed from those transcripts by the real packer,
+  hence trajectories per record and fill.
+Then `trainer.learning.capacity` applies Little's law and says what binds; the plan is
+written as JSON whose `learner_flags` and `pipeline_flags` the demo passes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+
+import environments
+from trainer.contracts.record_shape import add_layout_arguments, layout_from_flags
+from trainer.learning.capacity import Measurements, make_plan
+from trainer.learning.feeder import CreditConfig
+from trainer.policy import tokenizer
+
+DEFAULT_PIPELINE_S = 1.0  # request publish + bundle + commit + record publish + poll, measured ~1 s here
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="calculator")
+    p.add_argument("--tool_latency", default="fixed:0.5")
+    p.add_argument("--episodes", type=int, default=64, help="oracle episodes measured")
+    p.add_argument("--batch_records", type=int, default=4)
+    p.add_argument("--group_size", type=int, default=8)
+    p.add_argument("--publish_every", type=int, default=2)
+    add_layout_arguments(p)
+    p.add_argument("--target_duty", type=float, default=0.95)
+    p.add_argument(
+        "--staleness_bound", type=float, default=2.0, help="mean policy versions a trajectory may lag (caps credits)"
+    )
+    p.add_argument("--max_wait_s", type=float, default=1.0, help="the packer's max wait (adds to the latency)")
+    p.add_argument("--pipeline_s", type=float, default=None, help="transport latency (default: measured constant)")
+    p.add_argument("--engine_slots", type=int, default=64)
+    p.add_argument("--rollout_rate", type=float, default=None, help="measured rollout ceiling, trajectories/s")
+    p.add_argument("--workers", type=int, default=1, help="rollout workers (0: size the pool)")
+    # Measured elsewhere, on the real stream (benchmarks/utilization.py passes its ceilings'):
+    p.add_argument("--learner_step_s", type=float, default=None, help="measured learner step time")
+    p.add_argument("--trajectories_per_record", type=float, default=None, help="measured on the real stream")
+    p.add_argument("--tokens_per_trajectory", type=float, default=None, help="measured on the real stream")
+    p.add_argument("--learner_steps", type=int, default=5, help="timed learner steps")
+    p.add_argument("--out", default=None, help="write the plan here as JSON")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- environment
+async def _oracle_episode(env, oracle, task, max_turns: int = 8) -> dict:
+    """One oracle episode through the real environment (its latency model included)."""
+    t0 = time.monotonic()
+    prompt_tokens = 1 + len(tokenizer.encode(await env.reset(task)))
+    generated, observed, observations, info = 0, 0, [], {}
+    for _ in range(max_turns):
+        action = oracle(task, observations)
+        generated += len(tokenizer.encode(action))
+        result = await env.step(action)
+        info = result.info
+        if result.done:
+            break
+        observed += len(tokenizer.encode(result.observation))
+        observations.append(result.observation)
+    return {
+        "wall_s": time.monotonic() - t0,
+        "tool_calls": info.get("tool_calls", 0),
+        "turns": info.get("turns", 0),
+        "tokens": prompt_tokens + generated + observed,
+        "generated": generated,
+    }
+
+
+def measure_environment(env_name: str, tool_latency: str, n: int) -> dict:
+    """n oracle episodes at once (as the engine runs them): per-episode means, and the
+    latency model's own draws for the slowest episode of a round."""
+    tasks = environments.make_tasks(env_name, 1, n, "train")
+    oracle = environments.oracle(env_name)
+
+    async def run_all():
+        return await asyncio.gather(
+            *(_oracle_episode(environments.make(env_name, tool_latency=tool_latency), oracle, t) for t in tasks)
+        )
+
+    rows = asyncio.run(run_all())
+    return {
+        "episodes": n,
+        "episode_wall_s": statistics.fmean(r["wall_s"] for r in rows),
+        "slowest_episode_s": max(r["wall_s"] for r in rows),
+        "tool_calls_per_episode": statistics.fmean(r["tool_calls"] for r in rows),
+        "turns_per_episode": statistics.fmean(r["turns"] for r in rows),
+        "tokens_per_trajectory": statistics.fmean(r["tokens"] for r in rows),
+        "generated_per_episode": statistics.fmean(r["generated"] for r in rows),
+        "lengths": [r["tokens"] for r in rows],
+    }
+
+
+# ----------------------------------------------------------------------------- engine
+def measure_engine(slots: int, max_tokens: int, new_tokens: int = 48) -> dict:
+    """Every slot busy decoding: the step time an episode's tokens are paid in."""
+    from pipelines.engine import InferenceEngine, Sequence
+    from trainer.policy.config import ModelConfig
+    from trainer.policy.model import init_model, split_params
+    from trainer.policy.sampling import Sampler
+
+    cfg = ModelConfig()
+    _, params = split_params(init_model(cfg, 0))
+    sampler = Sampler(cfg, slots=slots, length=max_tokens)
+    sampler.warmup(params)
+    engine = InferenceEngine(sampler, lambda: (params, 0))
+
+    async def one(i):
+        seq = Sequence.start([tokenizer.BOS] + [32 + (i + j) % 90 for j in range(8)])
+        await engine.generate(seq, new_tokens, lambda _g: False)
+        engine.release(seq)
+
+    async def all_slots():
+        await asyncio.gather(*(one(i) for i in range(slots)))
+
+    t0 = time.perf_counter()
+    asyncio.run(all_slots())
+    wall = time.perf_counter() - t0
+    return {
+        "slots": slots,
+        "step_s": engine.stats["busy_s"] / max(1, engine.stats["steps"]),
+        "tokens_per_s": engine.stats["generated_tokens"] / wall,
+    }
+
+
+# ----------------------------------------------------------------------------- learner
+def synthetic_trajectory(request_id: str, i: int, n: int, finished_at: float = 0.0):
+    """Sample i of a request: n tokens, the first third prompt, then policy tokens with
+    alternating reward (the lengths are what packing and the learner's cost depend on)."""
+    from pipelines.trajectory import Trajectory
+
+    mask = np.zeros(n, np.uint8)
+    mask[n // 3 :] = 1
+    return Trajectory(
+        trajectory_id=f"{request_id}/{i}",
+        request_id=request_id,
+        task_id="synthetic",
+        tokens=(np.arange(n) % 200 + 3).astype(np.int32),
+        loss_mask=mask,
+        behaviour_logprobs=np.where(mask == 1, -1.0, 0.0).astype(np.float32),
+        policy_versions=np.where(mask == 1, 0, -1).astype(np.int32),
+        reward=float(i % 2),
+        status="finished",
+        advantage=0.5 if i % 2 else -0.5,
+        finished_at=finished_at,
+    )
+
+
+def measure_learner(layout, batch_records: int, lengths: list[int], steps: int) -> dict:
+    """The packer's records for these lengths, and the learner's step on them."""
+    from pipelines.packing import pack
+    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.policy.config import ModelConfig
+
+    shape = layout.largest
+    need = batch_records * shape.max_trajectories * 2
+    trajs = [
+        synthetic_trajectory(f"plan-{i // 8}", i % 8, min(lengths[i % len(lengths)], shape.seq_len))
+        for i in range(need)
+    ]
+    records = pack(trajs, shape)[:-1] or pack(trajs, shape)  # the last one is the part-full remainder
+    fill = statistics.fmean(r.num_tokens / (shape.rows * shape.seq_len) for r in records)
+    per_record = statistics.fmean(len(r.trajectories) for r in records)
+    learner = Learner(ModelConfig(), LearnerConfig(batch_records=batch_records))
+    batch = [records[i % len(records)] for i in range(batch_records)]
+    learner.train_step(batch)  # compile
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        learner.train_step(batch)
+        times.append(time.perf_counter() - t0)
+    return {
+        "step_s": statistics.median(times),
+        "trajectories_per_record": per_record,
+        "fill": fill,
+        "tokens_per_record": statistics.fmean(r.num_tokens for r in records),
+    }
+
+
+# ----------------------------------------------------------------------------- plan
+def run(args) -> dict:
+    layout = layout_from_flags(args)
+    env = measure_environment(args.env, args.tool_latency, args.episodes)
+    engine = measure_engine(args.engine_slots, layout.trajectory_len)
+    learner = measure_learner(layout, args.batch_records, env.pop("lengths"), args.learner_steps)
+    generation_s = env["generated_per_episode"] * engine["step_s"]
+    engine_rate = engine["tokens_per_s"] / env["generated_per_episode"]
+    m = Measurements(
+        step_s=args.learner_step_s or learner["step_s"],
+        trajectories_per_record=args.trajectories_per_record or learner["trajectories_per_record"],
+        batch_records=args.batch_records,
+        episode_s=env["episode_wall_s"] + generation_s,
+        pipeline_s=args.max_wait_s + (DEFAULT_PIPELINE_S if args.pipeline_s is None else args.pipeline_s),
+        rollout_rate=args.rollout_rate or engine_rate,
+        tokens_per_trajectory=args.tokens_per_trajectory or env["tokens_per_trajectory"],
+        slowest_episode_s=env["slowest_episode_s"] + generation_s,
+    )
+    credits = CreditConfig(0, args.batch_records, layout.largest, args.group_size)
+    plan = make_plan(
+        m,
+        target_duty=args.target_duty,
+        group_size=args.group_size,
+        publish_every=args.publish_every,
+        min_window=credits.min_window,
+        workers=args.workers or None,
+        staleness_bound=args.staleness_bound,
+    )
+    return {
+        "env": args.env,
+        "tool_latency": args.tool_latency,
+        "rollout_rate_source": "measured" if args.rollout_rate else "engine only (upper bound)",
+        "measured": {"environment": env, "engine": engine, "learner": learner},
+        "measurements": m.__dict__,
+        "learner_rate": m.learner_rate,
+        "latency_s": m.latency_s,
+        "plan": {
+            "target_duty": plan.target_duty,
+            "max_in_flight": plan.max_in_flight,
+            "max_staleness": plan.max_staleness,
+            "rollout_workers": plan.rollout_workers,
+            "max_concurrent_groups": plan.max_concurrent_groups,
+            "engine_slots": plan.engine_slots,
+            "sync_round_trajectories": plan.sync_round_trajectories,
+        },
+        "predicted": {"async": plan.async_prediction.__dict__, "sync": plan.sync_prediction.__dict__},
+        "learner_flags": plan.learner_flags(),
+        "pipeline_flags": plan.pipeline_flags(),
+    }
+
+
+def describe(r: dict) -> list[str]:
+    m, p, a, s = r["measurements"], r["plan"], r["predicted"]["async"], r["predicted"]["sync"]
+    return [
+        f"environment {r['env']} at {r['tool_latency']}: episode {m['episode_s']:.2f} s, "
+        f"+{m['pipeline_s']:.2f} s to the learner, {m['tokens_per_trajectory']:.0f} tokens",
+        f"learner: {m['step_s'] * 1000:.0f} ms/step, {m['trajectories_per_record']:.2f} trajectories/record "
+        f"(fill {r['measured']['learner']['fill']:.1%}) -> {r['learner_rate']:.1f} trajectories/s at duty 1",
+        f"rollout: {m['rollout_rate']:.1f} trajectories/s per worker ({r['rollout_rate_source']})",
+        f"plan: {p['max_in_flight']} trajectories in flight, staleness bound {p['max_staleness']}, "
+        f"{p['rollout_workers']} worker(s) x {p['max_concurrent_groups']} groups, {p['engine_slots']} slots",
+        f"async: duty {a['duty_cycle']:.2f}, bound by {a['binds']}; limits: "
+        + ", ".join(f"{k} {v:.1f}/s" for k, v in a["limits"].items()),
+        f"sync: duty {s['duty_cycle']:.2f} (collect {s['limits']['collect_s']:.2f} s, train "
+        f"{s['limits']['train_s']:.2f} s per round of {p['sync_round_trajectories']})",
+    ]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    for line in describe(result):
+        print(line)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
