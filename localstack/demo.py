@@ -33,7 +33,7 @@ class DemoFailed(RuntimeError):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--workdir", default=None, help="logs, policy store and summary (default: a temp dir)")
-    p.add_argument("--max_steps", type=int, default=30)
+    p.add_argument("--max_steps", type=int, default=40)
     p.add_argument("--publish_every", type=int, default=2)
     p.add_argument("--keep_versions", type=int, default=5, help="policy versions kept in the store")
     p.add_argument("--batch_records", type=int, default=4, help="records per learner step (up to 16 episodes each)")

@@ -234,6 +234,7 @@ def run(args) -> dict:
         "latency_s": m.latency_s,
         "plan": {
             "target_duty": plan.target_duty,
+            "staleness_bound": args.staleness_bound,
             "max_in_flight": plan.max_in_flight,
             "max_staleness": plan.max_staleness,
             "rollout_workers": plan.rollout_workers,

@@ -140,6 +140,9 @@ def test_warning_names_the_bound_and_the_fix():
     msg = shortfall_warning(m, 96, 2, 0.9)
     assert "predicted 0.25" in msg and "bound by credits" in msg and "--max_in_flight" in msg
     assert "rollout workers" in shortfall_warning(_m(rollout_rate=8.0), 10_000, 2, 0.9)
+    # A window the staleness bound set (256 = 2 versions of 64 x 2 steps) is named as such.
+    assert "bound by staleness bound" in shortfall_warning(_m(episode_s=28.0), 256, 2, 0.9, staleness_bound=2.0)
+    assert "bound by credits" in shortfall_warning(_m(episode_s=28.0), 96, 2, 0.9, staleness_bound=2.0)
 
 
 def test_the_learner_warns_at_start_when_its_window_is_short(tmp_path, caplog):

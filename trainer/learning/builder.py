@@ -200,7 +200,8 @@ def warn_if_short(args, credits: TrajectoryCredits) -> str | None:
     with open(args.plan) as f:
         plan = json.load(f)
     m = Measurements(**plan["measurements"])
-    warning = shortfall_warning(m, credits.window, args.publish_every, plan["plan"]["target_duty"])
+    bound = plan["plan"].get("staleness_bound")
+    warning = shortfall_warning(m, credits.window, args.publish_every, plan["plan"]["target_duty"], bound)
     if warning:
         log.warning("%s", warning)
     return warning

@@ -191,11 +191,15 @@ def make_plan(
     )
 
 
-def shortfall_warning(m: Measurements, max_in_flight: int, publish_every: int, target_duty: float) -> str | None:
+def shortfall_warning(
+    m: Measurements, max_in_flight: int, publish_every: int, target_duty: float, staleness_bound: float | None = None
+) -> str | None:
     """None if the settings can reach target_duty; else a sentence saying what binds."""
     pred = check_async(m, max_in_flight, publish_every)
     if pred.duty_cycle + 1e-9 >= target_duty:
         return None
+    if pred.binds == "credits" and staleness_bound is not None and pred.staleness_versions >= staleness_bound - 0.25:
+        pred = dataclasses.replace(pred, binds="staleness bound")  # the window is where the bound put it
     need = math.ceil(target_duty * m.learner_rate * m.latency_s + m.trajectories_per_step)
     hint = {
         "credits": f"raise --max_in_flight to about {need}",
@@ -205,6 +209,6 @@ def shortfall_warning(m: Measurements, max_in_flight: int, publish_every: int, t
     }[pred.binds]
     return (
         f"these settings cannot keep the learner at duty cycle {target_duty:.2f}: predicted "
-        f"{pred.duty_cycle:.2f}, bound by {pred.binds} ({pred.limits[pred.binds]:.1f} trajectories/s "
+        f"{pred.duty_cycle:.2f}, bound by {pred.binds} ({pred.rate:.1f} trajectories/s "
         f"against the learner's {m.learner_rate:.1f}/s at {m.latency_s:.2f} s in flight); {hint}"
     )
