@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -295,13 +296,28 @@ def print_summary(s: dict) -> None:
     print(f"logs and policy store    {s['workdir']}")
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP: unwind like an exception, so every `with` stops what it started."""
+
+
+def _stop_on_signal(signum, _frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # A job timeout, a closed terminal or a supervisor sends these: without a handler the
+    # process would die at once and leave the emulator, pipeline and learner running.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_on_signal)
     try:
         summary = run_local(args)
     except DemoFailed as e:
         print(f"demo failed: {e}", file=sys.stderr)
         return 1
+    except Stopped as e:
+        print(f"demo stopped by {e}; everything it started is stopped", file=sys.stderr)
+        return 128 + getattr(signal, str(e)).value
     print_summary(summary)
     return 0
 

@@ -103,3 +103,49 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
     last = s["policy_versions_published"][-1]
     assert PolicyStore(str(workdir / "policy-store")).versions() == [last - 1, last]  # old versions collected
     assert _processes_mentioning(str(workdir)) == []
+
+
+def _processes_writing_under(path) -> list[int]:
+    """Pids with a file open under path: the emulator's JVM names no workdir on its command
+    line, but its output goes to a log there."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd).startswith(str(path)) for fd in fd_dir.iterdir()):
+                found.append(int(fd_dir.parent.name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_the_demo_stops_everything_it_started(tmp_path):
+    """A job timeout or a closed terminal: the demo's teardown runs, nothing survives it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    workdir = tmp_path / "term"
+    flags = ["--warmstart_steps=0", "--eval_n=0", "--max_steps=1000", "--plan=off", "--timeout_s=600"]
+    demo = subprocess.Popen([sys.executable, "-m", "localstack.demo", f"--workdir={workdir}", *flags])
+    try:
+        deadline = time.monotonic() + 180
+        while not (workdir / "pipeline.log").exists():  # emulator, learner and pipeline all started
+            assert demo.poll() is None and time.monotonic() < deadline, "demo did not get as far as the pipeline"
+            time.sleep(0.5)
+        assert _processes_mentioning(str(workdir)) and _processes_writing_under(workdir)  # they are running
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while (
+            _processes_mentioning(str(workdir)) or _processes_writing_under(workdir)
+        ) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _processes_mentioning(str(workdir)) == [] and _processes_writing_under(workdir) == []
+    finally:
+        if demo.poll() is None:
+            demo.kill()
