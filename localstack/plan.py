@@ -177,7 +177,8 @@ def measure_learner(layout, batch_records: int, lengths: list[int], steps: int) 
         synthetic_trajectory(f"plan-{i // 8}", i % 8, min(lengths[i % len(lengths)], shape.seq_len))
         for i in range(need)
     ]
-    records = pack(trajs, shape)[:-1] or pack(trajs, shape)  # the last one is the part-full remainder
+    packed = pack(trajs, shape)
+    records = packed[:-1] or packed  # the last one is the part-full remainder
     fill = statistics.fmean(r.num_tokens / (shape.rows * shape.seq_len) for r in records)
     per_record = statistics.fmean(len(r.trajectories) for r in records)
     learner = Learner(ModelConfig(), LearnerConfig(batch_records=batch_records))

@@ -193,12 +193,19 @@ def make_credits(args, layout: RecordLayout) -> TrajectoryCredits:
     return TrajectoryCredits(cfg.window, rounds=args.sync)
 
 
-def warn_if_short(args, credits: TrajectoryCredits) -> str | None:
-    """With --plan: a warning (logged and returned) if the window cannot reach its duty cycle."""
-    if not args.plan or args.sync:
+def read_plan(args) -> dict | None:
+    """The localstack.plan JSON named by --plan, if any."""
+    if not args.plan:
         return None
     with open(args.plan) as f:
-        plan = json.load(f)
+        return json.load(f)
+
+
+def warn_if_short(args, credits: TrajectoryCredits) -> str | None:
+    """With --plan: a warning (logged and returned) if the window cannot reach its duty cycle."""
+    plan = read_plan(args)
+    if plan is None or args.sync:
+        return None
     m = Measurements(**plan["measurements"])
     bound = plan["plan"].get("staleness_bound")
     warning = shortfall_warning(m, credits.window, args.publish_every, plan["plan"]["target_duty"], bound)
@@ -209,10 +216,8 @@ def warn_if_short(args, credits: TrajectoryCredits) -> str | None:
 
 def make_schedule(args, batches: BatchBuffer, credits: TrajectoryCredits) -> AsyncSchedule | SyncSchedule:
     if args.sync:
-        per_record = None
-        if args.plan:  # the plan's packing estimate sizes the first round
-            with open(args.plan) as f:
-                per_record = json.load(f)["measurements"]["trajectories_per_record"]
+        plan = read_plan(args)  # its packing estimate sizes the first round
+        per_record = plan["measurements"]["trajectories_per_record"] if plan else None
         return SyncSchedule(
             batches, credits, args.publish_every, args.sync_round_timeout_s, args.group_size, per_record
         )

@@ -83,8 +83,7 @@ class SyncSchedule:
         self.pending: list[list] = []
         self.rounds = self.extra_steps = self.padding_records = self.timed_out_rounds = 0
         self.lost_trajectories = 0  # never came back within the round's timeout
-        self.round_started = clock()
-        self._open_round()
+        self._open_round()  # sizes the first round and starts its clock
 
     def round_size(self) -> int:
         """Trajectories of the next round: whole groups that fill steps_per_round batches."""
