@@ -21,6 +21,9 @@ setup(
         "google-cloud-pubsub>=2.44,<3",
         "numpy>=1.26",
         "gcsfs>=2024.6",  # Orbax reaches gs:// policy stores and checkpoints through it
+        "tensorboardX>=2.6",  # event files without TensorFlow (learner, rollouts, evaluator)
+        "rich>=13",  # the demo's live panel
+        "matplotlib>=3.8",  # the run report's plots
     ],
     extras_require={
         "test": [
@@ -31,7 +34,7 @@ setup(
             "gcp-storage-emulator>=2026.7.19",
             "ruff>=0.6",
             "import-linter>=2.0",
-            "matplotlib>=3.8",  # benchmark and run-report plots
+            "tensorboard>=2.16",  # the tests read event files with TensorBoard's own reader
         ],
     },
 )

@@ -19,10 +19,12 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from localstack.heldout import format_held_out, held_out_summary, read_rows
+from localstack.live import Progress
 from localstack.processes import ProcessGroup
 from localstack.pubsub_emulator import PubSubEmulator
 from trainer.contracts.record_shape import RecordLayout
 from trainer.contracts.store import LATEST
+from trainer.telemetry import trace
 
 TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
 
@@ -86,6 +88,13 @@ def parse_args(argv):
     p.add_argument("--learner_cpus", default=None, help="pin the learner (and the planner) to these cores, e.g. 0")
     p.add_argument("--rollout_cpus", default=None, help="pin the emulator, pipeline and evaluator, e.g. 1")
     p.add_argument("--init_policy", default=None, help="start RL from this policy store's newest version")
+    p.add_argument(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="record every process's spans and merge them into WORKDIR/trace.json (Perfetto)",
+    )
+    p.add_argument("--live", choices=("auto", "panel", "lines", "off"), default="auto", help="progress while it runs")
     p.add_argument("--learner_flags", default="", help="extra flags for trainer.task, e.g. '--learning_rate=0'")
     p.add_argument("--pipeline_flags", default="", help="extra flags for pipelines.rollout")
     return p.parse_args(argv)
@@ -150,13 +159,31 @@ def run_local(args) -> dict:
     if args.rollout_cpus:  # the emulator (a JVM) and everything else started here inherit it
         os.sched_setaffinity(0, cpu_set(args.rollout_cpus))
     try:
-        return _run_pinned(args, started, workdir, summary_path, store)
+        summary = _run_pinned(args, started, workdir, summary_path, store)
     finally:
         os.sched_setaffinity(0, own_cpus)
+        if args.trace and (workdir / "trace").is_dir():  # also after a failure: the timeline shows why
+            trace.merge(workdir / "trace", workdir / "trace.json")
+    (workdir / "run_summary.json").write_text(json.dumps(summary, indent=2))  # what the report reads
+    try:  # the run's results stand without it: a broken report must not fail the run
+        from localstack import report
+
+        summary["report"] = str(report.write_report(workdir))
+    except Exception as e:
+        print(f"warning: the run report failed: {type(e).__name__}: {e}", file=sys.stderr)
+        summary["report"] = None
+    return summary
+
+
+def telemetry_flags(args, workdir: Path) -> list[str]:
+    """Every process writes scalars under WORKDIR/logs (one TensorBoard run each) and,
+    with --trace, spans under WORKDIR/trace (merged at the end)."""
+    return [f"--logdir={workdir / 'logs'}", *([f"--trace_dir={workdir / 'trace'}"] if args.trace else [])]
 
 
 def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: Path) -> dict:
     plan = make_plan(args, workdir, {**os.environ, "JAX_PLATFORMS": "cpu"})
+    telemetry = telemetry_flags(args, workdir)
     with PubSubEmulator(log_dir=workdir / "emulator") as emu:
         topics = {k: emu.create_topic(v) for k, v in TOPICS.items()}
         subs = {k: emu.create_subscription(f"{v}-sub", v) for k, v in TOPICS.items()}
@@ -174,6 +201,7 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
                 f"--max_wait_s={args.max_wait_s}",
                 *([] if args.keep_zero_signal else ["--filter_zero_signal"]),
                 *(plan["pipeline_flags"] if plan else []),
+                *telemetry,
                 *shlex.split(args.pipeline_flags),
             ],
         )
@@ -204,6 +232,7 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
             *shape,
             *([f"--init_policy={args.init_policy}"] if args.init_policy else []),
             *([*plan["learner_flags"], f"--plan={workdir / 'plan.json'}"] if plan else []),
+            *telemetry,
             *shlex.split(args.learner_flags),
         ]
         # Held-out evaluation, its own process: it reads the store, never the records topic.
@@ -221,9 +250,11 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
             f"--timeout_s={args.timeout_s + 600}",
             f"--max_tokens={RecordLayout().trajectory_len}",
             f"--nice={args.eval_nice}",
+            *telemetry,
         ]
         evaluating = args.eval_n > 0
         with ExitStack() as running:
+            progress = running.enter_context(Progress(workdir, args.max_steps, args.live))
             learner = running.enter_context(
                 ProcessGroup(learner_cmd, workdir / "learner.log", env, cpus=cpu_set(args.learner_cpus))
             )
@@ -231,6 +262,7 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
             # The rollout side starts once policy v0 exists: until then it could only poll,
             # and on two cores that would slow the learner's warm start.
             while not (store / LATEST).exists() and learner.poll() is None and time.monotonic() < deadline:
+                progress.update("warm start (behaviour cloning before policy v0)")
                 time.sleep(0.5)
             pipeline = running.enter_context(ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env))
             evaluator = None
@@ -241,13 +273,14 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
                     raise DemoFailed(f"rollout pipeline exited with {pipeline.poll()}:\n{pipeline.log_tail()}")
                 if time.monotonic() > deadline:
                     raise DemoFailed(f"learner still running after {args.timeout_s + 60}s:\n{learner.log_tail()}")
+                progress.update("training")
                 time.sleep(0.5)
             if learner.poll() != 0:
                 raise DemoFailed(f"learner exited with {learner.poll()}:\n{learner.log_tail()}")
             if evaluating:  # score the final version too, then stop
                 final = json.loads(summary_path.read_text())["policy_versions_published"][-1]
                 (workdir / "final_version").write_text(str(final))
-                wait_for(evaluator, 900, "evaluator")
+                wait_for(evaluator, 900, "evaluator", lambda: progress.update("scoring the final version"))
     summary = json.loads(summary_path.read_text())
     rows = read_rows(workdir / "eval.jsonl")
     summary["held_out"] = held_out_summary(rows, args.target) if rows else {}
@@ -261,11 +294,12 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
     return summary
 
 
-def wait_for(proc: ProcessGroup, timeout_s: float, name: str) -> None:
+def wait_for(proc: ProcessGroup, timeout_s: float, name: str, tick=lambda: None) -> None:
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None:
         if time.monotonic() > deadline:
             raise DemoFailed(f"{name} still running after {timeout_s}s:\n{proc.log_tail()}")
+        tick()
         time.sleep(0.5)
     if proc.poll() != 0:
         raise DemoFailed(f"{name} exited with {proc.poll()}:\n{proc.log_tail()}")
@@ -294,6 +328,10 @@ def print_summary(s: dict) -> None:
     for line in format_held_out(s.get("held_out", {}), s.get("eval_n")):
         print(line)
     print(f"logs and policy store    {s['workdir']}")
+    print(f"report                   {s['report']}")
+    if (Path(s["workdir"]) / "trace.json").exists():
+        print(f"timeline                 {Path(s['workdir']) / 'trace.json'}  (open in https://ui.perfetto.dev)")
+    print(f"TensorBoard              tensorboard --logdir {Path(s['workdir']) / 'logs'}")
 
 
 class Stopped(BaseException):

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import threading
 
+from trainer.telemetry import trace
+
 _applied = False
 _shared = False
 
@@ -83,5 +85,16 @@ def share_pubsub_publishers() -> None:
         self._pub_client = clients[self.with_ordering]
         self._topic = self._pub_client.topic_path(self.project, self.short_topic_name)
 
+    original_flush = write_fn._flush
+
+    def flush(self):
+        if not self._buffer:  # called at every bundle's end, mostly with nothing to send
+            return original_flush(self)
+        with trace.current().span(
+            "pubsub publish", "pubsub write", messages=len(self._buffer), topic=self.short_topic_name
+        ):
+            original_flush(self)
+
     write_fn.setup = setup
+    write_fn._flush = flush  # one span per batch of messages published (records, notices, dead letters)
     _shared = True

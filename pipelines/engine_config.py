@@ -29,6 +29,9 @@ class EngineConfig:
     # How long a worker waits for the first policy version, and for a request's minimum one.
     policy_wait_s: float = 300.0
     advantage_estimator: str = "grpo"
+    logdir: str | None = None  # rollout/... scalars (pipelines/telemetry.py); None: not written
+    trace_dir: str | None = None  # timeline spans; None: tracing off
+    telemetry_every_s: float = 2.0
 
     def __post_init__(self):
         if not isinstance(self.policy_root, str) or not self.policy_root:
@@ -39,7 +42,7 @@ class EngineConfig:
             v = getattr(self, name)
             if type(v) is not int or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("commit_interval_s", "policy_poll_s", "policy_wait_s"):
+        for name in ("commit_interval_s", "policy_poll_s", "policy_wait_s", "telemetry_every_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive finite number of seconds, got {v!r}")

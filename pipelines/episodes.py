@@ -21,6 +21,7 @@ from pipelines.trajectory import Trajectory
 from trainer.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from trainer.policy import tokenizer
 from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
+from trainer.telemetry import trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,27 @@ def end_of_turn(generated: list[int]) -> bool:
     return any(text.endswith(s) for s in TURN_STOP_STRINGS)
 
 
-async def run_episode(engine: InferenceEngine, env: Environment, task: Task, limits: EpisodeLimits) -> _Outcome:
+async def run_episode(
+    engine: InferenceEngine,
+    env: Environment,
+    task: Task,
+    limits: EpisodeLimits,
+    tracer=trace.NULL,
+    lanes: trace.Lanes | None = None,
+) -> _Outcome:
+    """One episode; with a tracer, its span, model turns and tool calls go on one lane."""
+    lane = lanes.take() if lanes and tracer.enabled else "episodes"
+    with tracer.span("episode", lane, task=task.task_id) as span:
+        try:
+            out = await _run_episode(engine, env, task, limits, tracer, lane)
+        finally:
+            if lanes and tracer.enabled:
+                lanes.give_back(lane)
+        span.args.update(status=out.status, reward=out.reward, turns=out.turns, tokens=len(out.seq.tokens))
+        return out
+
+
+async def _run_episode(engine, env, task, limits, tracer, lane) -> _Outcome:
     deadline = time.monotonic() + limits.episode_timeout_s
     prompt = tokenizer.encode(await env.reset(task))
     out = _Outcome(Sequence.start([tokenizer.BOS] + prompt[: limits.max_tokens - 2]))
@@ -62,12 +83,14 @@ async def run_episode(engine: InferenceEngine, env: Environment, task: Task, lim
     try:
         while True:
             turn_start = len(seq.tokens)
-            await engine.generate(seq, limits.max_new_tokens_per_turn, end_of_turn)
+            with tracer.span("model turn", lane):
+                await engine.generate(seq, limits.max_new_tokens_per_turn, end_of_turn)
             if len(seq.tokens) >= limits.max_tokens:
                 out.status = EpisodeStatus.TRUNCATED.value
                 return out
             action = tokenizer.decode(seq.tokens[turn_start:])
-            result = await _env_step(env, action, out, limits, deadline)
+            with tracer.span("tool call", lane):
+                result = await _env_step(env, action, out, limits, deadline)
             if result is None:
                 return out  # timeout or environment error: status set
             out.reward += float(result.reward)
@@ -108,8 +131,10 @@ async def run_group(
     request_id: str,
     limits: EpisodeLimits,
     advantage_estimator: str = "grpo",
+    tracer=trace.NULL,
+    lanes: trace.Lanes | None = None,
 ) -> list[Trajectory]:
-    outcomes = await asyncio.gather(*(run_episode(engine, env, task, limits) for env in envs))
+    outcomes = await asyncio.gather(*(run_episode(engine, env, task, limits, tracer, lanes) for env in envs))
     advantages = ADVANTAGE_ESTIMATORS[advantage_estimator]([o.reward for o in outcomes])
     finished_at = time.time()
     return [

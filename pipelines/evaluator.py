@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from trainer.contracts.store import PolicyStore, StoreError
 from trainer.policy.config import MODEL_CONFIGS, model_config
 from trainer.policy.model import abstract_tree
 from trainer.policy.sampling import Sampler
+from trainer.telemetry import scalars, trace
 
 log = logging.getLogger("evaluator")
 
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout_s", type=float, default=3600.0, help="give up (exit 1) after this long")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority (shared machines)")
+    p.add_argument("--logdir", default=None, help="eval/... scalars (TensorBoard + JSONL) under <logdir>/evaluator")
+    p.add_argument("--trace_dir", default=None, help="the evaluator's timeline spans (off when unset)")
     return p
 
 
@@ -87,6 +91,15 @@ def final_version(stop_file: str | None) -> int | None:
 
 
 def run(args) -> list[dict]:
+    writer, tracer = scalars.make_writer(args.logdir, "evaluator"), trace.make_tracer(args.trace_dir, "evaluator")
+    try:
+        return _run(args, writer, tracer)
+    finally:
+        writer.close()
+        tracer.close()
+
+
+def _run(args, writer, tracer) -> list[dict]:
     if args.nice:
         os.nice(args.nice)  # on a shared box evaluation yields to training and skips versions instead
     modes = [m for m in args.modes.split(",") if m]
@@ -115,7 +128,8 @@ def run(args) -> list[dict]:
         version = versions[-1]  # the newest: a curve with gaps beats a queue that falls behind
         skipped += len(versions) - 1
         try:
-            params, meta = store.load(version, target), store.read_metadata(version)
+            with tracer.span("load policy", "evaluator", version=version):
+                params, meta = store.load(version, target), store.read_metadata(version)
         except StoreError as e:  # gc'ed meanwhile, or being written: try the next poll
             log.warning("cannot load version %d: %s", version, e)
             time.sleep(args.poll_s)
@@ -128,9 +142,13 @@ def run(args) -> list[dict]:
                 "published_at": meta.get("written_at"),
                 "evaluated_at": time.time(),
                 "skipped_versions": skipped,
-                **evaluate(params, samplers[mode], args.env, tasks, limits, args.env_config),
             }
+            with tracer.span("evaluate", "evaluator", version=version, mode=mode) as span:
+                row.update(evaluate(params, samplers[mode], args.env, tasks, limits, args.env_config))
+                span.args["success"] = row["success"]
             rows.append(row)
+            # Step: the learner step that published the version, so eval/ lines up with losses/.
+            writer.write(row["step"] if row["step"] is not None else version, eval_scalars(row))
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             log.info(
@@ -145,7 +163,22 @@ def run(args) -> list[dict]:
     raise SystemExit(f"evaluator timed out after {args.timeout_s}s at version {done}")
 
 
+def eval_scalars(row: dict) -> dict:
+    m = row["mode"]
+    out = {"eval/version": row["version"], f"eval/{m}_success": row["success"]}
+    out["eval/skipped_versions"] = row["skipped_versions"]
+    for k in ("mean_turns", "tool_calls_per_episode", "tool_error_rate", "malformed_rate", "eval_s"):
+        if isinstance(row.get(k), int | float):
+            out[f"eval/{m}_{k}"] = row[k]
+    return out
+
+
+def _exit_on_signal(signum, _frame):
+    raise SystemExit(128 + signum)  # run()'s finally closes the scalar files and the trace
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     # force: absl (imported by orbax and tfds) installs a root handler first, which would
     # swallow our lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)

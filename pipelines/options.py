@@ -119,6 +119,17 @@ class EngineOptions(PipelineOptions):
             default=_ENGINE["request_shards"].default,
             help="keys that requests are spread over (state and timers are per key)",
         )
+        parser.add_argument(
+            "--logdir",
+            default=None,
+            help="each worker writes rollout/... scalars here (TensorBoard + JSONL), one run per process",
+        )
+        parser.add_argument(
+            "--trace_dir", default=None, help="each worker writes its timeline spans here (off when unset)"
+        )
+        parser.add_argument(
+            "--telemetry_every_s", type=float, default=_ENGINE["telemetry_every_s"].default, help="row interval"
+        )
 
 
 def packing_config(opts: RolloutOptions) -> PackingConfig:
@@ -152,4 +163,7 @@ def engine_config(options: PipelineOptions) -> EngineConfig:
         policy_poll_s=opts.policy_poll_s,
         policy_wait_s=opts.policy_wait_s,
         advantage_estimator=opts.advantage_estimator,
+        logdir=eng.logdir,
+        trace_dir=eng.trace_dir,
+        telemetry_every_s=eng.telemetry_every_s,
     )

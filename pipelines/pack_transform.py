@@ -33,9 +33,11 @@ from pipelines.dedup import DedupBy
 from pipelines.metrics import NAMESPACE
 from pipelines.packing import pack, take_full_records
 from pipelines.packing_config import PackingConfig
+from pipelines.telemetry import current as telemetry
 from pipelines.trajectory import Trajectory
 from trainer.contracts.record_shape import RecordShape
 from trainer.contracts.records import PackedRecord
+from trainer.telemetry import trace
 
 NS = NAMESPACE
 FULL, WINDOW_END, MAX_WAIT = "full", "window_end", "max_wait"
@@ -86,6 +88,7 @@ class FilterZeroSignalGroupsFn(beam.DoFn):
             if self.enabled:
                 self.dropped_groups.inc()
                 self.dropped_trajs.inc(len(group))
+                telemetry().count("trajectories_dropped_zero_signal", len(group))
                 yield beam.pvalue.TaggedOutput(
                     DROPPED, DropNotice("zero_signal", tuple(t.trajectory_id for t in group))
                 )
@@ -108,6 +111,7 @@ class FitToBucketsFn(beam.DoFn):
         fit = bucketing.fit_to_buckets(t, self.seq_lens, self.overlong)
         if fit.outcome in self.outcomes:
             self.outcomes[fit.outcome].inc()
+            telemetry().count(f"trajectories_{fit.outcome}")
         if fit.trajectory is not None:
             yield fit.bucket, fit.trajectory
         else:
@@ -238,6 +242,16 @@ class CountRecordsFn(beam.DoFn):
         self.fill.update(f.record.num_tokens * 1000 // (self.rows * f.seq_len))
         if f.latency_ms is not None:
             self.latency.update(f.latency_ms)
+        fill = f.record.num_tokens / (self.rows * f.seq_len)
+        telemetry().on_record(fill, f.latency_ms, f.reason)
+        trace.current().instant(
+            "record flush",
+            f"packer {f.seq_len}",
+            reason=f.reason,
+            fill=round(fill, 3),
+            trajectories=len(f.record.trajectories),
+            waited_ms=f.latency_ms,
+        )
         yield f if self.keep_flush_info else f.record
 
 

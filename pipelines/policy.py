@@ -18,15 +18,21 @@ from flax import nnx
 
 from trainer.contracts.store import PolicyStore, StoreError
 from trainer.policy.model import abstract_tree
+from trainer.telemetry import trace
 
 log = logging.getLogger(__name__)
 
 
 class PolicyHandle:
     def __init__(
-        self, store: PolicyStore, template_params: nnx.State, poll_interval_s: float = 1.0, clock=time.monotonic
+        self,
+        store: PolicyStore,
+        template_params: nnx.State,
+        poll_interval_s: float = 1.0,
+        clock=time.monotonic,
+        tracer=trace.NULL,
     ):
-        self.store = store
+        self.store, self.tracer = store, tracer
         self.poll_interval_s = poll_interval_s
         self._template = template_params
         self._target = abstract_tree(nnx.to_pure_dict(template_params))
@@ -75,9 +81,11 @@ class PolicyHandle:
             latest = self.store.latest_version()
             if latest is None or (self.version is not None and latest <= self.version):
                 return False
-            loaded = self.store.load(latest, self._target)
+            with self.tracer.span("policy reload", "policy", version=latest):
+                loaded = self.store.load(latest, self._target)
         except StoreError as e:
             self.failed_loads += 1
+            self.tracer.instant("policy reload failed", "policy", error=str(e)[:200])
             log.warning("policy reload failed, keeping version %s: %s", self.version, e)
             return False
         state = jax.tree.map(lambda x: x, self._template)  # fresh container, same structure

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import threading
 
@@ -17,6 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from pipelines.direct_runner import memoise_dofn_specs, share_pubsub_publishers
 from pipelines.options import RolloutOptions, engine_config, packing_config
 from pipelines.pack_transform import DROPPED, PackTrajectoryGroups
+from pipelines.telemetry import current as telemetry
 from pipelines.transforms import DEAD_LETTER, ParseRequestFn, RunEpisodes, drop_notice_message, to_pubsub_message
 from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 
@@ -96,7 +98,15 @@ def run(argv=None) -> None:
         build(p, options)
 
 
+def _stop_on_signal(signum, _frame):
+    """SIGTERM (the demo's teardown, Dataflow draining a worker): write the last telemetry
+    row and spans now, while the runner's threads still run, then exit."""
+    telemetry().close()
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stop_on_signal)
     # force: absl (imported by orbax and tfds) installs a root handler first, which would
     # swallow our lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)

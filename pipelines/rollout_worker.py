@@ -14,9 +14,11 @@ import environments
 from pipelines.engine import InferenceEngine
 from pipelines.engine_config import EngineConfig
 from pipelines.policy import PolicyHandle
+from pipelines.telemetry import install, make_telemetry
 from trainer.contracts.store import PolicyStore
 from trainer.policy.config import model_config
 from trainer.policy.sampling import Sampler
+from trainer.telemetry import trace
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +27,33 @@ class RolloutWorker:
     def __init__(self, cfg: EngineConfig):
         environments.load_entry_points()  # environments from installed plugin packages
         self.cfg, self.limits = cfg, cfg.limits
+        # The process's telemetry and tracer, found by the DoFns through current().
+        self.telemetry = install(make_telemetry(cfg.logdir, cfg.trace_dir, cfg.telemetry_every_s))
+        self.tracer = trace.install(self.telemetry.tracer)
+        self.groups_in_flight = self.episodes_in_flight = 0
         self.sampler = Sampler(model_config(cfg.model_config), slots=cfg.slots, length=cfg.max_tokens)
-        self.policy = PolicyHandle(PolicyStore(cfg.policy_root), self.sampler.abstract_params, cfg.policy_poll_s)
+        store = PolicyStore(cfg.policy_root)
+        self.policy = PolicyHandle(store, self.sampler.abstract_params, cfg.policy_poll_s, tracer=self.tracer)
         self.policy.wait_for_first(cfg.policy_wait_s)
-        self.sampler.warmup(self.policy.params)  # compile before the first episode
+        with self.tracer.span("compile", "worker"):
+            self.sampler.warmup(self.policy.params)  # compile before the first episode
         self.policy.start_polling()
         self.engine = InferenceEngine(self.sampler, lambda: self.policy.current, cfg.max_tokens)
+        self.telemetry.source = self.gauges
+        self.telemetry.start()
         log.info("rollout worker ready: %d slots, policy version %d", cfg.slots, self.policy.version)
+
+    def gauges(self) -> dict:
+        """What the telemetry row reads of the worker now (the engine's busy time is
+        cumulative; the row turns it into a fraction of its interval)."""
+        return {
+            "policy_version": self.policy.version,
+            "policy_reloads": self.policy.reloads,
+            "policy_reload_failures": self.policy.failed_loads,
+            "groups_in_flight": self.groups_in_flight,
+            "episodes_in_flight": self.episodes_in_flight,
+            "engine_busy_s": self.engine.stats["busy_s"],
+        }
 
     async def wait_for_version(self, version: int) -> bool:
         """Waits (without blocking other episodes) until the background poller has loaded

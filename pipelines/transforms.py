@@ -18,6 +18,7 @@ from pipelines.engine_config import EngineConfig
 from pipelines.episodes import run_group
 from pipelines.metrics import NAMESPACE
 from pipelines.rollout_worker import RolloutWorker
+from pipelines.telemetry import current as telemetry
 from trainer.contracts import records
 from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE, RequestError, RolloutRequest
 
@@ -45,6 +46,7 @@ class ParseRequestFn(beam.DoFn):
             yield RolloutRequest.from_bytes(msg.data)
         except RequestError as e:
             self.bad.inc()
+            telemetry().count("bad_requests")
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(msg.data, str(e)))
 
 
@@ -63,26 +65,28 @@ class EpisodeGroupFn(beam.DoFn):
         self.worker = self._shared.acquire(lambda: RolloutWorker(self.cfg))
 
     async def process(self, kv):
-        req = kv[1]
+        req, w = kv[1], self.worker
+        w.groups_in_flight += 1  # one event loop runs every process(): no lock needed
+        w.episodes_in_flight += req.group_size
         try:
-            if req.group_size > self.worker.sampler.slots:
-                raise RequestError(f"group_size {req.group_size} > engine slots {self.worker.sampler.slots}")
+            if req.group_size > w.sampler.slots:
+                raise RequestError(f"group_size {req.group_size} > engine slots {w.sampler.slots}")
             task = environments.Task.from_json_dict(req.task)
             envs = [environments.make(req.env, **req.env_config) for _ in range(req.group_size)]
-            await self.worker.wait_for_version(req.min_policy_version)
-            return [
-                await run_group(
-                    self.worker.engine,
-                    envs,
-                    task,
-                    req.request_id,
-                    self.worker.limits,
-                    self.worker.cfg.advantage_estimator,
-                )
-            ]
+            with w.tracer.span("wait for policy", "requests", version=req.min_policy_version):
+                await w.wait_for_version(req.min_policy_version)
+            group = await run_group(
+                w.engine, envs, task, req.request_id, w.limits, w.cfg.advantage_estimator, w.tracer, w.telemetry.lanes
+            )
+            w.telemetry.on_group(group)
+            return [group]
         except Exception as e:
             log.warning("request %s dead-lettered: %s: %s", req.request_id, type(e).__name__, e)
+            w.telemetry.count("dead_letters")
             return [beam.pvalue.TaggedOutput(DEAD_LETTER, _dead_letter(req.to_bytes(), f"{type(e).__name__}: {e}"))]
+        finally:
+            w.groups_in_flight -= 1
+            w.episodes_in_flight -= req.group_size
 
 
 class CountEpisodesFn(beam.DoFn):

@@ -1,11 +1,19 @@
 """The whole loop on real parts: Pub/Sub emulator, Beam streaming pipeline on the
 BundleBasedDirectRunner, JAX learner, on-disk policy store; then nothing left running."""
 
+import json
+import re
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import numpy as np
 import psutil
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from localstack.demo import parse_args, run_local
 from trainer.contracts.store import PolicyStore
+from trainer.telemetry import scalars
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -64,6 +72,58 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     for pid in s["pids"].values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert _processes_mentioning(str(workdir)) == []  # emulator, pipeline and learner all gone
+    _assert_run_files(workdir, s)
+
+
+def _scalars(run_dir) -> dict[str, list]:
+    """TensorBoard's own reader over one run's event files: tag -> [(step, value)]."""
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _assert_run_files(workdir, s) -> None:
+    """What a user opens after a run: TensorBoard runs for the learner, each rollout worker
+    and the evaluator; their JSONL twins; one trace with spans from every process; the
+    report with its plots."""
+    logs = workdir / "logs"
+    learner = _scalars(logs / "learner")
+    for tag in ("losses/policy_loss", "perf/duty_cycle", "perf/trained_tokens_per_s_recent", "staleness/mean"):
+        assert [step for step, _ in learner[tag]] == list(range(1, s["steps"] + 1)), tag
+    rows = scalars.read_rows(logs / "learner" / scalars.JSONL)
+    assert [r["step"] for r in rows] == list(range(1, s["steps"] + 1))
+    assert rows[-1]["data/records_received"] == s["records_consumed"]
+    assert rows[-1]["policy/version"] == s["policy_versions_published"][-1]
+    (rollout_dir,) = logs.glob("rollout-*")
+    rollout = _scalars(rollout_dir)
+    assert max(v for _, v in rollout["rollout/episodes"]) >= s["trajectories"]  # every trajectory was an episode
+    assert max(v for _, v in rollout["rollout/records"]) >= s["records_consumed"]
+    assert {"rollout/episodes_per_s", "rollout/env_latency_ms_p95", "rollout/fill_mean"} <= set(rollout)
+    last = scalars.read_rows(rollout_dir / scalars.JSONL)[-1]
+    assert sum(last["rollout/env_latency_hist"]["counts"]) == last["rollout/episodes"]
+    evals = _scalars(logs / "evaluator")
+    assert {v for _, v in evals["eval/version"]} >= {0, s["policy_versions_published"][-1]}
+    assert "eval/sampled_success" in evals and "eval/greedy_success" in evals
+
+    doc = json.loads((workdir / "trace.json").read_text())
+    procs = {e["pid"]: e["args"]["name"].split(" ")[0] for e in doc["traceEvents"] if e["name"] == "process_name"}
+    names = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            names.setdefault(procs[e["pid"]], set()).add(e["name"])
+    assert {"train step", "wait for data", "publish", "checkpoint"} <= names["learner"]
+    assert {"episode", "model turn", "tool call", "policy reload", "pubsub publish"} <= names["rollout"]
+    assert {"load policy", "evaluate"} <= names["evaluator"]
+    steps = [e for e in doc["traceEvents"] if e["name"] == "train step"]
+    assert len(steps) == s["steps"]
+
+    report_md = Path(s["report"]).read_text()
+    assert "trace.json" in report_md and "ui.perfetto.dev" in report_md
+    pngs = re.findall(r"\((report/[\w.]+\.png)\)", report_md)
+    assert {"report/success.png", "report/learner.png", "report/timeline.png"} <= set(pngs)
+    for png in pngs:
+        img = mpimg.imread(workdir / png)
+        assert img.shape[0] > 100 and img.shape[1] > 100 and len(np.unique(img.reshape(-1, img.shape[-1]), axis=0)) > 10
 
 
 @pytest.mark.timeout(600)
@@ -84,6 +144,7 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
             "--sync",
             "--keep_versions=2",
             "--eval_n=0",
+            "--no-trace",
             "--batch_records=2",
             "--group_size=4",
             "--keep_zero_signal",
@@ -103,6 +164,11 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
     last = s["policy_versions_published"][-1]
     assert PolicyStore(str(workdir / "policy-store")).versions() == [last - 1, last]  # old versions collected
     assert _processes_mentioning(str(workdir)) == []
+    # --no-trace: no spans anywhere, and the report says the timeline is missing (and why).
+    assert not (workdir / "trace").exists() and not (workdir / "trace.json").exists()
+    report_md = Path(s["report"]).read_text()
+    assert "timeline.png" not in report_md and "not traced" in report_md
+    assert (workdir / "report" / "learner.png").exists()
 
 
 def _processes_writing_under(path) -> list[int]:

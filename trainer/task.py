@@ -12,8 +12,10 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
+from types import SimpleNamespace
 
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
 from trainer.contracts.record_shape import add_layout_arguments, layout_from_flags
@@ -149,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a restarted learner resumes from the newest",
     )
     p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
+    p.add_argument(
+        "--logdir",
+        default=os.environ.get("AIP_TENSORBOARD_LOG_DIR"),
+        help="per-step scalars: TensorBoard event files and metrics.jsonl under <logdir>/learner "
+        "(default: Vertex AI's AIP_TENSORBOARD_LOG_DIR; unset: not written)",
+    )
+    p.add_argument("--trace_dir", default=None, help="the learner's timeline spans (Perfetto); unset: off")
     return p
 
 
@@ -158,10 +167,12 @@ def parse_args(argv):
 
 def run(args) -> dict:
     layout = layout_from_flags(args)
+    tracer = B.make_tracer(args)
     learner = B.make_learner(args, layout, B.make_mesh_from_flag(args.mesh))
     tasks = B.load_prompts(args)
     checkpointer = B.make_checkpointer(args)
-    start = B.restore_or_initialise(learner, checkpointer, args, tasks)
+    with tracer.span("warm start or restore", "learner"):
+        start = B.restore_or_initialise(learner, checkpointer, args, tasks)
     publisher = B.make_publisher(args, learner, checkpointer, start)
     publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)
     staleness, credits = B.make_staleness(args), B.make_credits(args, layout)
@@ -171,6 +182,8 @@ def run(args) -> dict:
     batches = B.make_batches(layout, learner, staleness)
     schedule = B.make_schedule(args, batches, credits)  # async, or synchronous rounds
     stats = RunStats(peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
+    tel = B.make_telemetry(args, tracer, stats)  # a row per step, spans on the timeline
+    parts = SimpleNamespace(staleness=staleness, credits=credits, consumer=consumer, batches=batches, feeder=feeder)
     if feeder:
         feeder.start()
     deadline = time.monotonic() + args.timeout_s
@@ -179,26 +192,40 @@ def run(args) -> dict:
             if time.monotonic() > deadline or (feeder and feeder.error):
                 reason = feeder.error if feeder and feeder.error else f"timeout after {args.timeout_s}s"
                 raise RuntimeError(f"learner stopped at step {learner.steps}: {reason}")
-            for rec in consumer.poll(max_messages=100, timeout_s=1.0):
+            polled_at = time.perf_counter_ns()
+            received = consumer.poll(max_messages=100, timeout_s=1.0)
+            tel.polled(polled_at, len(received))
+            for rec in received:
                 credits.release(len(rec.trajectories))  # received: its credits are back
                 stats.on_record(rec)
                 batches.add(rec, publisher.version)
             credits.release(consumer.take_dropped())
             while learner.steps < args.max_steps and (batch := schedule.next_batch(publisher.version)):
+                tel.data_ready()
+                looked_up = time.perf_counter_ns()
                 flops = learner.step_flops(batch)  # compiled once per shape, outside the timing
+                tel.compiled(looked_up)
                 t0 = time.monotonic()
-                metrics = learner.train_step(batch)
-                stats.on_step(batch, metrics, time.monotonic() - t0, flops)
+                with tel.span("train step", step=learner.steps + 1):
+                    metrics = learner.train_step(batch)
+                step_s = time.monotonic() - t0
+                stats.on_step(batch, metrics, step_s, flops)
                 if schedule.publish_due(learner.steps):
-                    publisher.publish()
-                    publisher.checkpoint(feeder.published if feeder else 0, consumer.seen_ids)
+                    with tel.span("publish", version=publisher.version + 1):
+                        publisher.publish()
+                    with tel.span("checkpoint"):
+                        publisher.checkpoint(feeder.published if feeder else 0, consumer.seen_ids)
                     schedule.next_round()
+                row = tel.on_step(learner.steps, publisher.version, stats, batch, metrics, step_s, parts)
                 log.info(
-                    "step %d version %d loss %.4f reward %.3f",
+                    "step %d version %d loss %.4f reward %.3f duty %.2f (recent %.2f) staleness %.1f",
                     learner.steps,
                     publisher.version,
                     metrics["losses/policy_loss"],
                     stats.mean_reward(),
+                    row["perf/duty_cycle"],
+                    row["perf/duty_cycle_recent"],
+                    row["staleness/mean"],
                 )
     finally:
         if feeder:
@@ -206,10 +233,16 @@ def run(args) -> dict:
         consumer.close()
         if checkpointer is not None:
             checkpointer.close()  # waits for the last save
+        tel.close()
     return {**stats.summary(learner, start, publisher, consumer, feeder, staleness, layout), **schedule.summary()}
 
 
+def _exit_on_signal(signum, _frame):
+    raise SystemExit(128 + signum)  # unwinds the loop: its finally closes the feeder and the telemetry
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     # force: absl (imported by orbax and tfds) installs a root handler first, which would
     # swallow our lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)

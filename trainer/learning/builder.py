@@ -27,9 +27,11 @@ from trainer.learning.publisher import PolicyPublisher, learner_state_of
 from trainer.learning.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.sharding import make_mesh
 from trainer.learning.staleness import StalenessConfig, StalenessControl
+from trainer.learning.telemetry import LearnerTelemetry
 from trainer.learning.warmstart import WarmStartConfig, warm_start
 from trainer.policy.config import model_config
 from trainer.policy.model import abstract_tree
+from trainer.telemetry import scalars, trace
 
 log = logging.getLogger("trainer")
 
@@ -249,3 +251,17 @@ def make_consumer(args, layout: RecordLayout, start: Start) -> RecordConsumer:
 
 def make_batches(layout: RecordLayout, learner: Learner, staleness: StalenessControl) -> BatchBuffer:
     return BatchBuffer(layout.shapes, learner.cfg.batch_records, staleness)
+
+
+def _primary() -> bool:
+    return jax.process_index() == 0  # one writer per run, as in Flax's examples
+
+
+def make_tracer(args):
+    """The learner's timeline (off without --trace_dir, and on every process but the primary)."""
+    return trace.install(trace.make_tracer(args.trace_dir if _primary() else None, "learner"))
+
+
+def make_telemetry(args, tracer, stats) -> LearnerTelemetry:
+    writer = scalars.make_writer(args.logdir if _primary() else None, "learner")
+    return LearnerTelemetry(writer, tracer, stats.started)

@@ -1,0 +1,228 @@
+"""The run report (localstack/report.py) on small fabricated run directories: every plot it
+references is a real, non-blank PNG, and missing or cut-short inputs cost a note, not the report."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import matplotlib.image as mpimg
+import numpy as np
+
+from localstack import report, timeline
+
+T0 = 1_800_000_000.0  # unix seconds the fabricated run starts at
+FIRST_TRAIN_S = 6.0 + 1.2  # warm start 6 s, then 1.2 s waiting for the first batch
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_jsonl(path, rows, tail: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+def _span(name, t_s, dur_s, pid, tid):
+    return {"name": name, "ph": "X", "ts": (T0 + t_s) * 1e6, "dur": dur_s * 1e6, "pid": pid, "tid": tid}
+
+
+def _meta(pid, tid, kind, name):
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+
+
+def make_trace(steps: int = 21, lanes: int = 30) -> dict:
+    """A learner stepping every 2 s after a 6 s warm start, a rollout worker with `lanes`
+    episode lanes plus packer/pubsub/policy tracks, and an evaluator."""
+    ev = [_meta(1, 0, "process_name", "learner (pid 1)"), _meta(1, 1, "thread_name", "learner")]
+    ev.append(_span("warm start or restore", 0.0, 6.0, 1, 1))
+    for k in range(steps):
+        t = 6.0 + 2 * k
+        ev += [_span("wait for data", t, 1.2, 1, 1), _span("poll", t, 0.5, 1, 1), _span("poll", t + 0.5, 0.6, 1, 1)]
+        ev += [_span("train step", t + 1.2, 0.6, 1, 1), _span("publish", t + 1.8, 0.1, 1, 1)]
+    ev.append(_meta(2, 0, "process_name", "rollout (pid 2)"))
+    tracks = ["policy", "worker", "pubsub write", "requests", "packer 256"] + [f"episode {i}" for i in range(lanes)]
+    ev += [_meta(2, tid, "thread_name", name) for tid, name in enumerate(tracks, start=1)]
+    ev += [_span("policy reload", 1.0, 0.3, 2, 1), _span("compile", 0.5, 4.0, 2, 2)]
+    for j in range(lanes):
+        for t in np.arange(5.0 + 0.1 * j, 6.0 + 2 * steps, 3.0):
+            ev += [_span("episode", t, 2.5, 2, 6 + j), _span("model turn", t, 1.0, 2, 6 + j)]
+            ev += [_span("tool call", t + 1.0, 0.8, 2, 6 + j), _span("model turn", t + 1.8, 0.7, 2, 6 + j)]
+    for t in np.arange(5.0, 6.0 + 2 * steps, 0.25):
+        ev += [_span("pubsub publish", t, 0.00005, 2, 3), _span("wait for policy", t, 0.01, 2, 4)]
+        ev.append({"name": "record flush", "ph": "i", "s": "t", "ts": (T0 + t) * 1e6, "pid": 2, "tid": 5, "args": {}})
+    ev.append({"name": "groups in flight", "ph": "C", "ts": (T0 + 5) * 1e6, "pid": 2, "args": {"groups": 3}})
+    ev += [_meta(3, 0, "process_name", "evaluator (pid 3)"), _meta(3, 1, "thread_name", "evaluator")]
+    for t in np.arange(6.0, 2.0 * steps, 14.0):  # evaluations while the learner runs
+        ev += [_span("load policy", t, 0.5, 3, 1), _span("evaluate", t + 0.5, 6.0, 3, 1)]
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def _eval_rows() -> list[dict]:
+    rows = []
+    for version, step, sampled, greedy in ((0, 0, 0.25, 0.1), (1, 5, 0.95, 0.6)):
+        for mode, success in (("sampled", sampled), ("greedy", greedy)):
+            row = {"version": version, "step": step, "mode": mode, "published_at": T0 + 6 + 20 * version}
+            rows.append({**row, "evaluated_at": row["published_at"] + 5, "n": 32, "success": success})
+    return rows
+
+
+def _summary() -> dict:
+    return {
+        "steps": 10,
+        "policy_versions_published": [0, 1, 2],
+        "trajectories": 320,
+        "mean_reward": 0.5,
+        "wall_s": 40.0,
+        "learner_duty_cycle": 0.3,
+        "steady_duty_cycle": 0.35,
+        "trained_tokens_per_s": 1234.5,
+        "steady_trained_tokens_per_s": 1500.0,
+        "records_consumed": 40,
+        "records_rejected": 1,
+        "records_duplicate": 2,
+        "records_dropped_stale": 3,
+        "staleness_histogram": {"0": 30, "1": 8, "3": 2},
+        "episode_status": {"finished": 300, "truncated": 20},
+        "schedule": "async",
+    }
+
+
+CUT = '{"version": 9, "step": 9, "mode": "sam'  # a writer killed mid-line
+
+
+def make_run(wd, logs: bool = True, trace: bool = True) -> None:
+    """A finished run's directory: 10 learner rows, 5 rollout rows, 4 eval rows, a trace;
+    every JSONL file ends in a line cut short, as a killed run leaves it."""
+    _write_jsonl(wd / "eval.jsonl", _eval_rows(), tail=CUT)
+    if not logs:  # an older run: the learner's summary.json and eval.jsonl only
+        (wd / "summary.json").write_text(json.dumps(_summary()))
+        return
+    summary = {**_summary(), "demo_wall_s": 60.0, "held_out": {"greedy": {"target": 0.9}}, "workdir": str(wd)}
+    (wd / "run_summary.json").write_text(json.dumps(summary))
+    learner = [
+        {"step": s, "wall_time": T0 + 7 + 2 * s, "perf/wall_s": 2.0 * s, "perf/duty_cycle": 0.03 * s}
+        | {"perf/duty_cycle_recent": 0.05 * s, "perf/trained_tokens_per_s_recent": 100.0 * s}
+        | {"perf/trained_tokens_per_s": 80.0 * s, "staleness/mean": s % 3 / 2, "staleness/max": s % 3}
+        | {"data/fill": 0.5 + 0.04 * s}
+        for s in range(1, 11)
+    ]
+    _write_jsonl(wd / "logs/learner/metrics.jsonl", learner, tail=CUT)
+    edges = [10, 50, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000]
+    rollout = [
+        {"step": 2 * i, "wall_time": T0 + 5 + 2 * i, "rollout/episodes": 20 * i, "rollout/episodes_per_s": 10.0 * i}
+        | {"rollout/fill_mean": 0.6 + 0.05 * i}
+        | {"rollout/env_latency_hist": {"edges_ms": edges, "counts": [0, i, 5 * i, 3 * i, i, 0, 0, 0, 0, 0, 0, 0]}}
+        for i in range(5)
+    ]
+    _write_jsonl(wd / "logs/rollout-vm-2/metrics.jsonl", rollout, tail=CUT)
+    _write_jsonl(wd / "logs/evaluator/metrics.jsonl", [{"step": 0, "eval/success": 0.25}])
+    if trace:
+        (wd / "trace.json").write_text(json.dumps(make_trace()))
+
+
+def _png_refs(text: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\((report/[^)]+\.png)\)", text)
+
+
+def assert_legible_png(path) -> None:
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100, (path, img.shape)
+    rgb = (img[..., :3] * 255).astype(np.uint32) @ np.array([1 << 16, 1 << 8, 1], dtype=np.uint32)
+    assert len(np.unique(rgb)) > 10, f"{path} is (nearly) one colour"
+
+
+def test_full_run_report_embeds_every_plot(tmp_path):
+    make_run(tmp_path)
+    path = report.write_report(tmp_path)
+    assert path == tmp_path / "report.md"
+    text = path.read_text()
+    assert f"# Run report: {tmp_path}" in text
+    assert "[trace.json](trace.json)" in text and "https://ui.perfetto.dev" in text and "chrome://tracing" in text
+    refs = _png_refs(text)
+    names = {"success", "learner", "staleness", "fill", "rollout", "timeline"}
+    assert sorted(refs) == sorted(f"report/{n}.png" for n in names)
+    for ref in refs:
+        assert_legible_png(tmp_path / ref)
+    assert "Skipped" not in text
+    # The summary table, from run_summary.json and eval.jsonl.
+    assert "| learner steps | 10 |" in text
+    assert "| policy versions published | 3 (v0–v2) |" in text
+    assert "| records consumed / rejected / duplicates / dropped stale | 40 / 1 / 2 / 3 |" in text
+    assert "| learner duty cycle (whole run / steady) | 0.3 / 0.35 |" in text
+    assert "| held-out success, sampled (first → last version) | 0.25 (v0) → 0.95 (v1) |" in text
+    assert "| first version reaching target 0.9 | sampled: v1, 20 s after v0; greedy: not reached |" in text
+    assert f"tensorboard --logdir {tmp_path / 'logs'}" in text
+    # Each file's cut-short last line was skipped.
+    assert "`logs/learner/metrics.jsonl` (10 rows)" in text and "`eval.jsonl` (4 rows)" in text
+    assert "(v9)" not in text
+
+
+def test_summary_and_eval_only_notes_what_is_missing(tmp_path):
+    make_run(tmp_path, logs=False)
+    text = report.write_report(tmp_path).read_text()
+    assert _png_refs(text) == ["report/success.png", "report/staleness.png"]  # both need only these two files
+    for ref in _png_refs(text):
+        assert_legible_png(tmp_path / ref)
+    assert "_Skipped: no logs/learner/metrics.jsonl rows._" in text
+    assert "_Skipped: no logs/rollout-*/metrics.jsonl rows._" in text
+    assert "_Skipped: no data/fill learner rows" in text
+    assert "_Skipped: no trace.json" in text and "[trace.json](trace.json)" not in text
+    assert "`logs/`: missing" in text and "`trace.json`: missing" in text
+    assert "| learner steps | 10 |" in text  # from the older summary.json
+    assert not (tmp_path / "report" / "timeline.png").exists()
+
+
+def test_empty_workdir_still_gets_a_report(tmp_path):
+    text = report.write_report(tmp_path).read_text()
+    assert _png_refs(text) == []
+    assert text.count("_Skipped:") == 6
+    assert "No run_summary.json or summary.json" in text and "| learner steps | n/a |" in text
+
+
+def test_truncated_last_jsonl_line_is_skipped(tmp_path):
+    rows = [{"step": 1, "data/fill": 0.5}, {"step": 2, "data/fill": 0.7}]
+    _write_jsonl(tmp_path / "m.jsonl", rows, tail='{"step": 3, "data/fi')
+    assert report.read_jsonl(tmp_path / "m.jsonl") == rows
+    assert report.read_jsonl(tmp_path / "absent.jsonl") == []
+    make_run(tmp_path)  # every file ends in a cut line (the full-report test renders this run)
+    run = report.load_run(tmp_path)
+    assert len(run.evals) == 4 and len(run.learner) == 10 and len(run.rollouts["rollout-vm-2"]) == 5
+    assert max(r["version"] for r in run.evals) == 1
+
+
+def test_timeline_window_starts_after_the_first_train_step(tmp_path):
+    events = make_trace()["traceEvents"]
+    start, end = timeline.timeline_window(events)
+    assert start > T0 + FIRST_TRAIN_S  # the start-up compile and warm start are left out
+    assert abs(start - (T0 + FIRST_TRAIN_S + timeline.SKIP_COMPILE_S)) < 1e-6 and abs(end - start - 20.0) < 1e-6
+    short = make_trace(steps=5)["traceEvents"]  # 16 s of steps: too short to skip 10 s and show 20
+    assert abs(timeline.timeline_window(short)[0] - (T0 + FIRST_TRAIN_S)) < 1e-6
+    start, end = timeline.timeline_window(events, start_s=3.0, window_s=5.0)  # from the trace's first event
+    assert abs(start - (T0 + 3.0)) < 1e-6 and abs(end - (T0 + 8.0)) < 1e-6
+    assert timeline.timeline_window([]) is None
+    assert timeline.render_timeline(tmp_path / "absent.json", tmp_path / "t.png") is None
+
+
+def test_timeline_rows_are_capped_and_ordered():
+    events = make_trace()["traceEvents"]
+    labels = timeline._row_labels(events)
+    assert labels[(1, 1)] == "learner: learner" and labels[(2, 9)] == "rollout: episode 3"
+    assert timeline._row_labels(events + [_span("x", 1.0, 1.0, 1, 7)])[(1, 7)] == "learner: track 7"  # unnamed
+    rows, left = timeline._pick_rows(labels.values())
+    assert len(rows) == timeline.MAX_TIMELINE_ROWS and left == 30 - (24 - 2 - 5)
+    assert rows[:3] == ["learner: learner", "evaluator: evaluator", "rollout: episode 0"]
+    assert rows[-5:] == ["rollout: packer 256", "rollout: policy", "rollout: pubsub write", "rollout: requests"] + [
+        "rollout: worker"
+    ]
+    # A poll inside a wait for data is one level deeper, so it is drawn thinner, on top.
+    depth = {name: d for _, _, name, d in timeline._with_depth([(0, 10, "wait for data"), (1, 4, "poll")])}
+    assert depth == {"wait for data": 0, "poll": 1}
+
+
+def test_cli_writes_only_the_timeline_when_asked(tmp_path, capsys):
+    make_run(tmp_path)
+    out = tmp_path / "window.png"
+    report.main([str(tmp_path), "--timeline_out", str(out), "--start_s", "30", "--window_s", "5"])
+    assert_legible_png(out)
+    assert not (tmp_path / "report.md").exists()
+    assert str(out) in capsys.readouterr().out

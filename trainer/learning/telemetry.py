@@ -1,0 +1,90 @@
+"""The learner's telemetry: one scalar row per train step (TensorBoard + JSONL, the
+names below) and spans on its timeline (poll, wait for data, train step, publish,
+checkpoint). Only the primary process of a multi-host learner writes.
+
+Row names: `losses/*` (the step's own metrics), `perf/*` (step time, duty cycle and
+trained tokens/s over the whole run and the last `recent_s` seconds), `policy/version`,
+`staleness/{mean,max}` of the batch, `data/*` (fill, reward, records received, buffered,
+dead-lettered, dropped stale), `feeder/*` (trajectories in flight, requests published).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+
+class LearnerTelemetry:
+    def __init__(self, writer, tracer, started: float, recent_s: float = 30.0, clock=time.monotonic):
+        self.writer, self.tracer, self.started, self.recent_s, self.clock = writer, tracer, started, recent_s, clock
+        self._steps = collections.deque()  # (end time, step seconds, tokens) of recent steps
+        self._idle_since: int | None = time.perf_counter_ns()  # wait-for-data span start
+
+    def span(self, name: str, **args):
+        return self.tracer.span(name, "learner", **args)
+
+    def polled(self, started_ns: int, records: int) -> None:
+        """A poll span, when it brought records (an empty poll is part of waiting for data;
+        on the emulator it returns at once, some 20 times a second)."""
+        if records:
+            self.tracer.complete("poll", "learner", started_ns, time.perf_counter_ns(), records=records)
+
+    def compiled(self, started_ns: int, min_ms: float = 10.0) -> None:
+        """A compile span, when the step's cost lookup compiled (its first batch of a shape)."""
+        now = time.perf_counter_ns()
+        if now - started_ns > min_ms * 1e6:
+            self.tracer.complete("compile", "learner", started_ns, now)
+
+    def data_ready(self) -> None:
+        """A batch is ready: the time since the last step ended was spent waiting for it."""
+        if self._idle_since is not None:
+            self.tracer.complete("wait for data", "learner", self._idle_since, time.perf_counter_ns())
+            self._idle_since = None
+
+    def recent(self, now: float) -> tuple[float, float]:
+        """(duty cycle, trained tokens/s) over the last recent_s seconds (or the run so far)."""
+        while self._steps and self._steps[0][0] < now - self.recent_s:
+            self._steps.popleft()
+        span = max(min(self.recent_s, now - self.started), 1e-9)
+        return sum(s for _, s, _ in self._steps) / span, sum(t for _, _, t in self._steps) / span
+
+    def on_step(self, step: int, version: int, stats, batch, metrics: dict, step_s: float, parts) -> dict:
+        """One row after train step `step`; `parts` holds the staleness control, credits,
+        consumer, batch buffer and feeder (None in the sync baseline's place if absent)."""
+        self._idle_since = time.perf_counter_ns()
+        now = self.clock()
+        self._steps.append((now, step_s, sum(r.num_tokens for r in batch)))
+        duty_recent, tps_recent = self.recent(now)
+        wall = max(now - self.started, 1e-9)
+        stale = [parts.staleness.staleness(r, version) for r in batch if r.trajectories]
+        trajs = [t for r in batch for t in r.trajectories]
+        row = {
+            **metrics,
+            "perf/step_s": round(step_s, 4),
+            "perf/wall_s": round(wall, 2),
+            "perf/duty_cycle": round(stats.step_time_s / wall, 4),
+            "perf/duty_cycle_recent": round(duty_recent, 4),
+            "perf/trained_tokens_per_s": round(stats.trained_tokens / wall, 1),
+            "perf/trained_tokens_per_s_recent": round(tps_recent, 1),
+            "policy/version": version,
+            "staleness/mean": round(sum(stale) / len(stale), 3) if stale else 0.0,
+            "staleness/max": max(stale, default=0),
+            "data/fill": round(sum(r.num_tokens / r.tokens.size for r in batch) / len(batch), 4),
+            "data/batch_reward": round(sum(t.reward for t in trajs) / len(trajs), 4) if trajs else 0.0,
+            "data/batch_trajectories": len(trajs),
+            "data/records_received": stats.records,
+            "data/trajectories_received": len(stats.rewards),
+            "data/records_buffered": sum(len(q) for q in parts.batches.queues.values()),
+            "data/records_dead_lettered": parts.consumer.rejected,
+            "data/records_duplicate": parts.consumer.duplicates,
+            "data/records_dropped_stale": parts.staleness.dropped_records,
+            "feeder/in_flight": parts.credits.outstanding,
+            "feeder/requests_published": parts.feeder.published if parts.feeder else 0,
+        }
+        self.writer.write(step, row)
+        self.tracer.counter("learner", duty_recent=round(duty_recent, 3), in_flight=parts.credits.outstanding)
+        return row
+
+    def close(self) -> None:
+        self.writer.close()
+        self.tracer.close()
