@@ -18,6 +18,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from localstack import processes
 from localstack.heldout import format_held_out, held_out_summary, read_rows
 from localstack.live import Progress
 from localstack.processes import ProcessGroup
@@ -152,6 +153,7 @@ def make_plan(args, workdir: Path, env: dict) -> dict | None:
 
 def run_local(args) -> dict:
     started = time.monotonic()
+    processes.start_watchdog()  # SIGKILL of this process must not leave the run behind either
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="agentic-rl-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     summary_path, store = workdir / "summary.json", workdir / "policy-store"
@@ -187,6 +189,9 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
     with PubSubEmulator(log_dir=workdir / "emulator") as emu:
         topics = {k: emu.create_topic(v) for k, v in TOPICS.items()}
         subs = {k: emu.create_subscription(f"{v}-sub", v) for k, v in TOPICS.items()}
+        # Where the run's topics are, for a person (or a test) who wants to look or publish.
+        stack = {"host": emu.host, "project": emu.project, "topics": topics, "subscriptions": subs}
+        (workdir / "emulator.json").write_text(json.dumps(stack, indent=2))
         env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
         py = sys.executable
         shape = RecordLayout().to_flags()  # the contract's defaults, the same for both sides

@@ -26,6 +26,37 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+_watchdog = None  # this process's localstack.watchdog.Watchdog, once started
+
+
+def start_watchdog():
+    """From now on every process group this process starts (ProcessGroup, the emulators)
+    is stopped by a watchdog process if this process dies without stopping it: SIGKILL,
+    OOM, a crash. Idempotent; the watchdog exits quietly when this process exits normally."""
+    global _watchdog
+    if _watchdog is None:
+        import atexit
+        import tempfile
+
+        from localstack.watchdog import Watchdog
+
+        fd, registry = tempfile.mkstemp(prefix="agentic-rl-watchdog-", suffix=".groups")
+        os.close(fd)
+        _watchdog = Watchdog.start(Path(registry))
+        atexit.register(_watchdog.close)
+    return _watchdog
+
+
+def track(pgid: int) -> None:
+    if _watchdog is not None:
+        _watchdog.register(pgid)
+
+
+def untrack(pgid: int) -> None:
+    if _watchdog is not None:
+        _watchdog.unregister(pgid)
+
+
 def kill_group(proc: subprocess.Popen, term_grace_s: float = 5.0) -> None:
     """SIGTERM the whole group, then SIGKILL whatever is left after the grace period."""
     pgid = proc.pid  # start_new_session: the leader's pid is the group id
@@ -74,6 +105,7 @@ class ProcessGroup:
                 cwd=self.cwd,
                 start_new_session=True,
             )
+        track(self.proc.pid)
         return self
 
     @property
@@ -92,6 +124,7 @@ class ProcessGroup:
     def stop(self, term_grace_s: float = 5.0) -> None:
         if self.proc is not None:
             kill_group(self.proc, term_grace_s)
+            untrack(self.proc.pid)
 
     def __enter__(self) -> ProcessGroup:
         return self.start()

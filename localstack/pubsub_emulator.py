@@ -26,7 +26,7 @@ from pathlib import Path
 from google.api_core import exceptions as gexc
 
 from localstack.env_vars import AppliesEnv
-from localstack.processes import kill_group
+from localstack.processes import kill_group, track, untrack
 from trainer.contracts import pubsub_io
 
 DEFAULT_PROJECT = "local-agentic-rl"  # Beam refuses project ids not of the real form
@@ -145,6 +145,7 @@ class PubSubEmulator(AppliesEnv):
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )  # own process group
+        track(self._proc.pid)
         deadline = time.monotonic() + self.startup_timeout_s
         # Ready = our java logged that it listens on the port AND it answers HTTP "Ok".
         # The log check matters: on a port race java logs a BindException but does not
@@ -183,6 +184,7 @@ class PubSubEmulator(AppliesEnv):
     def _kill_group(self, term_grace_s: float = 5.0) -> None:
         if self._proc is not None:
             kill_group(self._proc, term_grace_s)
+            untrack(self._proc.pid)
 
     def stop(self) -> None:
         """Kill the whole process group (SIGTERM, then SIGKILL). Idempotent."""

@@ -7,7 +7,14 @@ import uuid
 
 import pytest
 
+from localstack import processes
 from localstack.pubsub_emulator import EmulatorUnavailable, PubSubEmulator
+
+
+def pytest_configure(config):
+    # A test run killed by a timeout (SIGKILL) must not leave its emulators and pipelines
+    # behind: a watchdog process stops every group the session starts if the session dies.
+    processes.start_watchdog()
 
 
 @pytest.fixture(scope="session")

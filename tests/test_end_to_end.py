@@ -3,15 +3,20 @@ BundleBasedDirectRunner, JAX learner, on-disk policy store; then nothing left ru
 
 import json
 import re
+import struct
+import threading
+import time
 from pathlib import Path
 
 import matplotlib.image as mpimg
 import numpy as np
 import psutil
 import pytest
+from _records_data import make_record, rewrite_header
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from localstack.demo import parse_args, run_local
+from trainer.contracts import pubsub_io, records
 from trainer.contracts.store import PolicyStore
 from trainer.telemetry import scalars
 
@@ -27,9 +32,57 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def _bad_records() -> dict[str, bytes]:
+    """Messages that must not train: each a different way for a record to be wrong."""
+    good = make_record(3, 4, 256, record_id="bad-nan")
+    gen = np.argwhere(good.loss_mask == 1)[0]
+    good.advantages[tuple(gen)] = np.float32(1234.5)  # a sentinel to overwrite below
+    valid = records.encode(good)
+    sentinel, nan = struct.pack("<f", 1234.5), struct.pack("<f", float("nan"))
+    assert valid.count(sentinel) == 1
+    return {
+        "corrupt": b"\x00not a record at all",
+        "truncated": valid[: len(valid) // 2],
+        "wrong_schema": rewrite_header(valid, lambda h: h.update(schema_version=999)),
+        "wrong_shape": records.encode(make_record(4, 2, 64, record_id="bad-shape")),
+        "nan": valid.replace(sentinel, nan),
+        "oversized": valid + b"\x00" * (records.MAX_MESSAGE_BYTES + 1 - len(valid)),
+    }
+
+
+class _Saboteur(threading.Thread):
+    """Once the learner has trained a step, publishes bad records into the records topic
+    and a malformed request into the requests topic of the running demo, then collects
+    what reaches the dead-letter subscription."""
+
+    def __init__(self, workdir: Path, expect: int):
+        super().__init__(daemon=True)
+        self.workdir, self.expect, self.dead, self.error = workdir, expect, [], None
+
+    def run(self):
+        try:
+            deadline = time.monotonic() + 300
+            while not (self.workdir / "logs" / "learner" / scalars.JSONL).exists():
+                assert time.monotonic() < deadline, "the learner never trained"
+                time.sleep(0.5)
+            stack = json.loads((self.workdir / "emulator.json").read_text())
+            pub, sub = pubsub_io.publisher_client(stack["host"]), pubsub_io.subscriber_client(stack["host"])
+            for data in _bad_records().values():
+                pubsub_io.publish(pub, stack["topics"]["records"], data).result(timeout=30)
+            pubsub_io.publish(pub, stack["topics"]["requests"], b"{not json").result(timeout=30)
+            while len(self.dead) < self.expect and time.monotonic() < deadline:
+                got = pubsub_io.pull(sub, stack["subscriptions"]["dead"], 10, timeout_s=1.0)
+                self.dead += [dict(m.message.attributes) for m in got]
+                pubsub_io.ack(sub, stack["subscriptions"]["dead"], [m.ack_id for m in got])
+        except Exception as e:  # reported by the test, not lost in the thread
+            self.error = e
+
+
 @pytest.mark.timeout(600)
 def test_pipeline_and_learner_close_the_loop(tmp_path):
     workdir = tmp_path / "demo"
+    saboteur = _Saboteur(workdir, expect=len(_bad_records()) + 1)
+    saboteur.start()
     args = parse_args(
         [
             f"--workdir={workdir}",
@@ -49,6 +102,7 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
         ]
     )
     s = run_local(args)
+    saboteur.join(timeout=30)
 
     assert s["steps"] >= 10
     assert len(s["policy_versions_published"]) >= 3  # v0 plus at least two trained versions
@@ -59,7 +113,7 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     assert any(v >= 1 and n > 0 for v, n in by_version.items()), f"no record from a reloaded policy: {by_version}"
     assert s["declared_record_shapes"] == ["4x256"]
     assert s["record_shapes"] == {"4x256": s["records_consumed"]}
-    assert s["records_consumed"] >= 10 * 2 and s["records_rejected"] == 0
+    assert s["records_consumed"] >= 10 * 2  # records_rejected: the saboteur's, checked below
     assert s["tokens_consumed"] > 0 and s["trajectories"] > 0
     assert s["compiled_train_steps"] == 1  # fixed shapes: one compile for every step
     assert 0.0 <= s["mean_reward"] <= 1.0
@@ -73,6 +127,20 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert _processes_mentioning(str(workdir)) == []  # emulator, pipeline and learner all gone
     _assert_run_files(workdir, s)
+
+    # Bad input on the live path: every bad record dead-lettered with its reason, counted,
+    # and the run trained on; the malformed request dead-lettered by the rollout job.
+    assert saboteur.error is None, saboteur.error
+    assert s["records_rejected"] == len(_bad_records())
+    record_letters = [d for d in saboteur.dead if "source_subscription" in d]
+    assert len(record_letters) == len(_bad_records()) and all(d["error"] for d in record_letters)
+    reasons = " | ".join(d["error"] for d in record_letters)
+    for why in ("bad magic", "truncated", "schema_version", "not a declared bucket shape", "non-finite", "over MAX_"):
+        assert why in reasons, reasons
+    (request_letter,) = [d for d in saboteur.dead if "source_subscription" not in d]
+    assert "request" in request_letter["error"].lower() or "json" in request_letter["error"].lower()
+    (rollout_dir,) = (workdir / "logs").glob("rollout-*")
+    assert scalars.read_rows(rollout_dir / scalars.JSONL)[-1]["rollout/bad_requests"] == 1
 
 
 def _scalars(run_dir) -> dict[str, list]:
@@ -188,8 +256,10 @@ def _processes_writing_under(path) -> list[int]:
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_to_the_demo_stops_everything_it_started(tmp_path):
-    """A job timeout or a closed terminal: the demo's teardown runs, nothing survives it."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_signal_to_the_demo_stops_everything_it_started(tmp_path, sig):
+    """A job timeout or a closed terminal (SIGTERM: the demo's own teardown runs), or a
+    kill -9 or the OOM killer (SIGKILL: its watchdog stops what it started): nothing survives."""
     import signal
     import subprocess
     import sys
@@ -204,14 +274,19 @@ def test_sigterm_to_the_demo_stops_everything_it_started(tmp_path):
             assert demo.poll() is None and time.monotonic() < deadline, "demo did not get as far as the pipeline"
             time.sleep(0.5)
         assert _processes_mentioning(str(workdir)) and _processes_writing_under(workdir)  # they are running
-        demo.send_signal(signal.SIGTERM)
-        assert demo.wait(timeout=60) == 128 + signal.SIGTERM
+        signum = getattr(signal, sig)
+        demo.send_signal(signum)
+        assert demo.wait(timeout=60) == (128 + signum if sig == "SIGTERM" else -signum)
         deadline = time.monotonic() + 10
         while (
             _processes_mentioning(str(workdir)) or _processes_writing_under(workdir)
         ) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _processes_mentioning(str(workdir)) == [] and _processes_writing_under(workdir) == []
+        deadline = time.monotonic() + 5  # the watchdog exits once the groups are gone (or at a normal exit)
+        while _processes_mentioning(f"--parent={demo.pid}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_mentioning(f"--parent={demo.pid}") == []
     finally:
         if demo.poll() is None:
             demo.kill()

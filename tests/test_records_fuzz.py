@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 import pytest
-from _records_data import OTHER_BREAKERS, assert_same, make_record
+from _records_data import OTHER_BREAKERS, assert_same, make_record, raises
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
@@ -231,3 +231,8 @@ def test_mutated_record_decodes_valid_or_raises_record_error():
     check()
     for key in [("arrays", "decoded", "changed"), ("arrays", "refused", "changed"), ("header", "refused", "changed")]:
         assert outcomes[key] >= 30, outcomes
+
+
+def test_a_message_over_the_size_cap_is_refused_before_parsing():
+    data = R.encode(make_record(0, 4, 64)) + b"\x00" * R.MAX_MESSAGE_BYTES
+    raises("over MAX_MESSAGE_BYTES", R.decode, data)

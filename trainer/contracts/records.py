@@ -285,6 +285,8 @@ def decode(data: bytes, expected_shape: tuple[int, int] | None = None) -> Packed
         view = memoryview(data).cast("B")
     except TypeError:
         raise RecordError(f"expected bytes, got {type(data).__name__}") from None
+    if len(view) > MAX_MESSAGE_BYTES:  # no encoder makes one: refuse before parsing any of it
+        _fail(f"message is {len(view)} bytes, over MAX_MESSAGE_BYTES={MAX_MESSAGE_BYTES}")
     header, body_start = _parse_header(view)
     version = header.get("schema_version")
     if version != SCHEMA_VERSION or type(version) is not int:
