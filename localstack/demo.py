@@ -25,6 +25,7 @@ from localstack.processes import ProcessGroup
 from localstack.pubsub_emulator import PubSubEmulator
 from trainer.contracts.record_shape import RecordLayout
 from trainer.contracts.store import LATEST
+from trainer.learning.accounting import format_accounting
 from trainer.telemetry import trace
 
 TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
@@ -332,6 +333,12 @@ def print_summary(s: dict) -> None:
         )
     for line in format_held_out(s.get("held_out", {}), s.get("eval_n")):
         print(line)
+    if s.get("accounting"):
+        for i, line in enumerate(format_accounting(s["accounting"])):
+            print(
+                f"{'trajectories' if i == 0 else '':25}{line}",
+                file=sys.stdout if s["accounting"]["balanced"] else sys.stderr,
+            )
     print(f"logs and policy store    {s['workdir']}")
     print(f"report                   {s['report']}")
     if (Path(s["workdir"]) / "trace.json").exists():

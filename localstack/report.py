@@ -342,6 +342,17 @@ def _files_section(wd: Path) -> list[str]:
     return lines + [""]
 
 
+def _accounting_section(acc: dict | None) -> list[str]:
+    """The learner's two trajectory balances (trainer/learning/accounting.py); a mismatch in bold."""
+    lines = ["## Where every trajectory went", ""]
+    if not acc:
+        return lines + ["_Skipped: no accounting in the summary (a run from before it was kept)._", ""]
+    from trainer.learning.accounting import format_accounting
+
+    lines += [f"- {line}" if not line.startswith("MISMATCH") else f"- **{line}**" for line in format_accounting(acc)]
+    return lines + [""]
+
+
 def write_report(workdir, start_s: float | None = None, window_s: float = 20.0) -> Path:
     """WORKDIR/report.md and its PNGs under WORKDIR/report/; returns report.md's path."""
     run = load_run(workdir)
@@ -350,6 +361,7 @@ def write_report(workdir, start_s: float | None = None, window_s: float = 20.0) 
     if not run.summary:
         lines += ["_No run_summary.json or summary.json: the learner's figures are missing._", ""]
     lines += ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in summary_rows(run)), ""]
+    lines += _accounting_section(run.summary.get("accounting") if run.summary else None)
     for name, title, plot in PLOTS:
         lines += _section(run, name, title, plot)
     traced = (run.workdir / "trace.json").exists()

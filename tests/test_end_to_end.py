@@ -117,6 +117,10 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     assert s["tokens_consumed"] > 0 and s["trajectories"] > 0
     assert s["compiled_train_steps"] == 1  # fixed shapes: one compile for every step
     assert 0.0 <= s["mean_reward"] <= 1.0
+    acc = s["accounting"]  # every requested trajectory is somewhere
+    assert acc["balanced"], acc
+    assert acc["trained"] > 0 and acc["requested"] == s["requests_published"] * 4
+    assert "Where every trajectory went" in Path(s["report"]).read_text()
     # The evaluator scored v0 and the final version, in both modes, beside the learner.
     for mode in ("sampled", "greedy"):
         held = s["held_out"][mode]
@@ -226,6 +230,7 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
     assert set(s["staleness_histogram"]) == {"0"}
     assert s["records_dropped_stale"] == 0 and s["trajectories_dropped_stale"] == 0  # no rollout wasted
     assert s["sync_lost_trajectories"] == 0
+    assert s["accounting"]["balanced"], s["accounting"]
     # The capacity plan ran first (the demo's default); the pipeline and the learner took it.
     slots = s["plan"]["settings"]["engine_slots"]
     assert f"rollout worker ready: {slots} slots" in (workdir / "pipeline.log").read_text()

@@ -10,6 +10,7 @@ import matplotlib.image as mpimg
 import numpy as np
 
 from localstack import report, timeline
+from trainer.learning.accounting import trajectory_accounting
 
 T0 = 1_800_000_000.0  # unix seconds the fabricated run starts at
 FIRST_TRAIN_S = 6.0 + 1.2  # warm start 6 s, then 1.2 s waiting for the first batch
@@ -97,6 +98,16 @@ def make_run(wd, logs: bool = True, trace: bool = True) -> None:
         (wd / "summary.json").write_text(json.dumps(_summary()))
         return
     summary = {**_summary(), "demo_wall_s": 60.0, "held_out": {"greedy": {"target": 0.9}}, "workdir": str(wd)}
+    summary["accounting"] = trajectory_accounting(
+        requested=400,
+        received=330,
+        trained=320,
+        dropped_stale=10,
+        buffered=0,
+        dropped_by_pipeline={"zero_signal": 40},
+        written_off=0,
+        in_flight=25,  # 5 requested trajectories are nowhere: the report must say so
+    )
     (wd / "run_summary.json").write_text(json.dumps(summary))
     learner = [
         {"step": s, "wall_time": T0 + 7 + 2 * s, "perf/wall_s": 2.0 * s, "perf/duty_cycle": 0.03 * s}
@@ -144,6 +155,8 @@ def test_full_run_report_embeds_every_plot(tmp_path):
     for ref in refs:
         assert_legible_png(tmp_path / ref)
     assert "Skipped" not in text
+    assert "requested 400 = received 330 + dropped by the pipeline (zero_signal 40)" in text
+    assert "**MISMATCH: 5 requested and 0 received trajectories are not accounted for**" in text
     # The summary table, from run_summary.json and eval.jsonl.
     assert "| learner steps | 10 |" in text
     assert "| policy versions published | 3 (v0–v2) |" in text
@@ -175,7 +188,7 @@ def test_summary_and_eval_only_notes_what_is_missing(tmp_path):
 def test_empty_workdir_still_gets_a_report(tmp_path):
     text = report.write_report(tmp_path).read_text()
     assert _png_refs(text) == []
-    assert text.count("_Skipped:") == 6
+    assert text.count("_Skipped:") == 7  # six plots and the accounting
     assert "No run_summary.json or summary.json" in text and "| learner steps | n/a |" in text
 
 

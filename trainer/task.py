@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
 from trainer.contracts.record_shape import add_layout_arguments, layout_from_flags
 from trainer.learning import builder as B
+from trainer.learning.accounting import format_accounting
 from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 from trainer.learning.run_stats import RunStats
 from trainer.learning.warmstart import DIRECT_AT, SCHEDULES, WarmStartConfig
@@ -234,7 +235,11 @@ def run(args) -> dict:
         if checkpointer is not None:
             checkpointer.close()  # waits for the last save
         tel.close()
-    return {**stats.summary(learner, start, publisher, consumer, feeder, staleness, layout), **schedule.summary()}
+    summary = {**stats.summary(learner, start, publisher, consumer, feeder, staleness, layout), **schedule.summary()}
+    summary["accounting"] = B.account(args, stats, parts, schedule)
+    for line in format_accounting(summary["accounting"]):
+        (log.info if summary["accounting"]["balanced"] else log.error)("trajectories: %s", line)
+    return summary
 
 
 def _exit_on_signal(signum, _frame):

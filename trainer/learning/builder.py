@@ -16,6 +16,7 @@ from flax import nnx
 import environments
 from trainer.contracts.record_shape import RecordLayout, layout_from_flags
 from trainer.contracts.store import PolicyStore
+from trainer.learning.accounting import trajectory_accounting
 from trainer.learning.batches import BatchBuffer
 from trainer.learning.capacity import Measurements, shortfall_warning
 from trainer.learning.checkpoint import LearnerCheckpointer
@@ -265,3 +266,20 @@ def make_tracer(args):
 def make_telemetry(args, tracer, stats) -> LearnerTelemetry:
     writer = scalars.make_writer(args.logdir if _primary() else None, "learner")
     return LearnerTelemetry(writer, tracer, stats.started)
+
+
+def account(args, stats, parts, schedule) -> dict:
+    """The run's trajectory balances (trainer/learning/accounting.py), from the parts' counters."""
+    queued = [r for q in parts.batches.queues.values() for r in q]
+    queued += [r for batch in getattr(schedule, "pending", []) for r in batch]  # a sync round not yet trained
+    feeder = parts.feeder
+    return trajectory_accounting(
+        requested=(feeder.published - feeder.start_position) * args.group_size if feeder else 0,
+        received=len(stats.rewards),
+        trained=stats.trained_trajectories,
+        dropped_stale=parts.staleness.dropped_trajectories,
+        buffered=sum(len(r.trajectories) for r in queued),
+        dropped_by_pipeline=parts.consumer.dropped_trajectories,
+        written_off=getattr(schedule, "lost_trajectories", 0),
+        in_flight=parts.credits.outstanding,
+    )

@@ -144,7 +144,7 @@ class Feeder(threading.Thread):
         # A resumed learner continues the prompt stream where its checkpoint left it.
         self.tasks = itertools.islice(itertools.cycle(tasks), start % max(len(tasks), 1), None)
         self.stop_event = threading.Event()
-        self.published = start
+        self.published = self.start_position = start  # requests made before a restart are not this run's
         self.error: BaseException | None = None
         self._run_id = uuid.uuid4().hex[:8]
 

@@ -23,6 +23,7 @@ class RunStats:
         self.trained_loss_tokens = 0
         self.flops = 0.0
         self.trained_ids: set[str] = set()
+        self.trained_trajectories = 0
         # Steady state: from the end of the first step (start-up and its compile excluded).
         self.first_step_end: float | None = None
         self.first_step_s = 0.0
@@ -45,6 +46,7 @@ class RunStats:
         self.flops += flops
         self.trained_tokens += sum(r.num_tokens for r in batch)
         self.trained_ids.update(r.record_id for r in batch if r.trajectories)  # not the sync baseline's padding
+        self.trained_trajectories += sum(len(r.trajectories) for r in batch)
         self.trained_loss_tokens += sum(r.num_loss_tokens for r in batch)
         if self.first_step_end is None:
             self.first_step_end, self.first_step_s, self.first_step_tokens = (

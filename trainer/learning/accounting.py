@@ -1,0 +1,58 @@
+"""Where every trajectory the learner asked for ended up, as two balances that must close:
+
+    requested = received + dropped by the pipeline (drop notices, by reason)
+                + written off (a sync round that timed out) + still in flight at the end
+    received  = trained + dropped as stale + still buffered at the end
+
+"In flight" is the feeder's credit count: requested and neither received nor reported
+dropped. It includes requests the rollout job dead-lettered (the rollout side counts those,
+`rollout/dead_letters`) and whatever is still in Pub/Sub or a worker when the run stops.
+A balance that does not close is reported, never rounded away: `unexplained_*` != 0.
+"""
+
+from __future__ import annotations
+
+
+def trajectory_accounting(
+    *,
+    requested: int,
+    received: int,
+    trained: int,
+    dropped_stale: int,
+    buffered: int,
+    dropped_by_pipeline: dict[str, int],
+    written_off: int,
+    in_flight: int,
+) -> dict:
+    dropped = sum(dropped_by_pipeline.values())
+    unexplained_requested = requested - (received + dropped + written_off + in_flight)
+    unexplained_received = received - (trained + dropped_stale + buffered)
+    return {
+        "requested": requested,
+        "received": received,
+        "trained": trained,
+        "dropped_stale": dropped_stale,
+        "buffered_at_end": buffered,
+        "dropped_by_pipeline": dict(dropped_by_pipeline),
+        "written_off": written_off,
+        "in_flight_at_end": in_flight,
+        "unexplained_requested": unexplained_requested,
+        "unexplained_received": unexplained_received,
+        "balanced": unexplained_requested == 0 and unexplained_received == 0,
+    }
+
+
+def format_accounting(a: dict) -> list[str]:
+    drops = ", ".join(f"{k} {v}" for k, v in sorted(a["dropped_by_pipeline"].items())) or "none"
+    lines = [
+        f"requested {a['requested']} = received {a['received']} + dropped by the pipeline ({drops})"
+        f" + written off {a['written_off']} + in flight at the end {a['in_flight_at_end']}",
+        f"received {a['received']} = trained {a['trained']} + dropped stale {a['dropped_stale']}"
+        f" + buffered at the end {a['buffered_at_end']}",
+    ]
+    if not a["balanced"]:
+        lines.append(
+            f"MISMATCH: {a['unexplained_requested']} requested and {a['unexplained_received']} received"
+            " trajectories are not accounted for"
+        )
+    return lines
