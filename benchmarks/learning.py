@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import loadavg, machine_info, print_table
 
 from localstack.demo import parse_args, run_local
-from localstack.heldout import curve, held_out_summary, read_rows
+from localstack.heldout import curve, held_out_summary
+from trainer.telemetry.scalars import read_rows
 
 
 def run_job(name: str, workdir: Path, flags: list[str]) -> dict:

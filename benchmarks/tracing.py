@@ -9,7 +9,8 @@
    process, alternating phases);
 3. the rollout ceiling (benchmarks/_utilization_modes.rollout_alone: the real rollout job
    on one core, requests that never run out), with every worker's trace and scalars on
-   and off, alternated on/off/off/on so slow drift cancels: trajectories/s;
+   and off, after a discarded warm-up run, in the order of ORDER so slow drift cancels:
+   trajectories/s;
 4. the main job (`localstack.demo`, the learner and the rollouts on a core each, one
    warm-started policy, the same capacity plan, eval off), `--trace` and `--no-trace`
    alternated the same way: steady trained tokens/s and learner duty cycle.

@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from localstack import processes
-from localstack.heldout import format_held_out, held_out_summary, read_rows
+from localstack.heldout import format_held_out, held_out_summary
 from localstack.live import Progress
 from localstack.processes import ProcessGroup
 from localstack.pubsub_emulator import PubSubEmulator
@@ -27,6 +27,7 @@ from trainer.contracts.record_shape import RecordLayout
 from trainer.contracts.store import LATEST
 from trainer.learning.accounting import format_accounting
 from trainer.telemetry import trace
+from trainer.telemetry.scalars import read_rows
 
 TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
 

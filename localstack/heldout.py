@@ -1,17 +1,7 @@
-"""Reads the evaluator's rows (one per policy version and mode) into what a run proved:
+"""Turns the evaluator's rows (one per policy version and mode) into what a run proved:
 held-out success of the first and the last version, and how long RL took to get there."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
 def curve(rows: list[dict], mode: str = "sampled") -> list[dict]:

@@ -21,7 +21,9 @@ import numpy as np
 matplotlib.use("Agg")  # files only: never needs a display
 import matplotlib.pyplot as plt
 
+from localstack.heldout import held_out_summary
 from localstack.timeline import render_timeline
+from trainer.telemetry.scalars import read_rows as read_jsonl  # tolerant of a line cut short
 
 DPI = 100
 DEFAULT_TARGET = 0.9
@@ -45,12 +47,6 @@ def _loads(text: str):
         return json.loads(text)
     except ValueError:
         return None
-
-
-def read_jsonl(path) -> list[dict]:
-    """The dict rows of a JSONL file; [] when absent. A line cut short by a run killed
-    mid-write (or any other unparsable line) is skipped."""
-    return [r for r in map(_loads, _text(path).splitlines()) if isinstance(r, dict)]
 
 
 def _num(v) -> float | None:
@@ -88,7 +84,13 @@ def load_run(workdir) -> Run:
         summary = _loads(_text(wd / "summary.json"))
     summary = summary if isinstance(summary, dict) else {}
     rollouts = {p.parent.name: read_jsonl(p) for p in sorted(logs.glob("rollout-*/metrics.jsonl"))}
-    evals = [r for r in read_jsonl(wd / "eval.jsonl") if _num(r.get("success")) is not None]
+    # Rows the evaluator wrote whole: a number for each field the summary and plots read.
+    fields = ("success", "version", "published_at")
+    evals = [
+        {"step": None, **r}
+        for r in read_jsonl(wd / "eval.jsonl")
+        if isinstance(r.get("mode"), str) and all(_num(r.get(k)) is not None for k in fields)
+    ]
     learner = read_jsonl(logs / "learner" / "metrics.jsonl")
     return Run(wd, summary, evals, learner, {k: v for k, v in rollouts.items() if v}, _target(summary))
 
@@ -117,14 +119,16 @@ def _v0_time(evals: list[dict]) -> float | None:
 def _held_out_rows(run: Run) -> list[tuple[str, str]]:
     if not run.evals:
         return [("held-out success", "n/a (no eval.jsonl rows)")]
-    rows, reached, t0 = [], [], _v0_time(run.evals)
-    for mode, evs in _by_mode(run.evals).items():
-        first, last = (f"{_fmt(r['success'])} (v{r.get('version')})" for r in (evs[0], evs[-1]))
-        rows.append((f"held-out success, {mode} (first → last version)", f"{first} → {last}"))
-        hit = next((r for r in evs if r["success"] >= run.target), None)
-        pub = _num(hit.get("published_at")) if hit else None
-        after = f", {pub - t0:.0f} s after v0" if pub is not None and t0 is not None else ""
-        reached.append(f"{mode}: v{hit.get('version')}{after}" if hit else f"{mode}: not reached")
+    held, rows, reached = held_out_summary(run.evals, run.target), [], []
+    for mode in _by_mode(run.evals):  # sampled first, as the plots
+        first, last, hit = held[mode]["first"], held[mode]["last"], held[mode]["first_at_target"]
+        rows.append(
+            (
+                f"held-out success, {mode} (first → last version)",
+                f"{_fmt(first['success'])} (v{first['version']}) → {_fmt(last['success'])} (v{last['version']})",
+            )
+        )
+        reached.append(f"{mode}: v{hit['version']}, {hit['rl_s']:.0f} s after v0" if hit else f"{mode}: not reached")
     return rows + [(f"first version reaching target {run.target:g}", "; ".join(reached))]
 
 

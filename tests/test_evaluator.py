@@ -8,12 +8,13 @@ import time
 import pytest
 from flax import nnx
 
-from localstack.heldout import held_out_summary, read_rows
+from localstack.heldout import held_out_summary
 from localstack.processes import ProcessGroup
 from trainer.contracts import pubsub_io
 from trainer.contracts.store import PolicyStore
 from trainer.policy.config import ModelConfig
 from trainer.policy.model import init_model, split_params
+from trainer.telemetry.scalars import read_rows
 
 KEYS = {
     "version",

@@ -47,7 +47,6 @@ class ScalarWriter:
         self._tb = SummaryWriter(str(self._local), flush_secs=flush_secs)
         self._lock = threading.Lock()
         self._mirrored = time.monotonic()
-        self.rows = 0
 
     def write(self, step: int, values: dict, wall_time: float | None = None) -> None:
         wall_time = time.time() if wall_time is None else wall_time
@@ -59,7 +58,6 @@ class ScalarWriter:
             for tag, v in values.items():
                 if _finite(v):
                     self._tb.add_scalar(tag, v, int(step), walltime=wall_time)
-            self.rows += 1
             if self.remote and time.monotonic() - self._mirrored > self.flush_secs:
                 self._mirror()
 
@@ -71,12 +69,6 @@ class ScalarWriter:
             epath.Path(f"{self.dir}/{f.name}").write_bytes(f.read_bytes())
         self._mirrored = time.monotonic()
 
-    def flush(self) -> None:
-        with self._lock:
-            self._tb.flush()
-            if self.remote:
-                self._mirror()
-
     def close(self) -> None:
         with self._lock:
             self._tb.close()
@@ -87,12 +79,7 @@ class ScalarWriter:
 
 
 class NullWriter:
-    rows = 0
-
     def write(self, *a, **k) -> None:
-        pass
-
-    def flush(self) -> None:
         pass
 
     def close(self) -> None:
@@ -104,12 +91,14 @@ def make_writer(logdir: str | None, source: str) -> ScalarWriter | NullWriter:
 
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """A JSONL file's rows; a last line cut short by a crash (or still being written) is skipped."""
+    """A JSONL file's dict rows; [] when absent or unreadable. A line cut short by a crash
+    (or still being written), or any other unparsable line, is skipped."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
     rows = []
-    p = Path(path)
-    if not p.exists():
-        return rows
-    for line in p.read_text().splitlines():
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

@@ -16,6 +16,7 @@ the processes of one machine line up.
 from __future__ import annotations
 
 import atexit
+import heapq
 import json
 import os
 import threading
@@ -202,13 +203,12 @@ class Lanes:
 
     def take(self) -> str:
         if self._free:
-            self._free.sort()
-            return f"{self.prefix} {self._free.pop(0)}"
+            return f"{self.prefix} {heapq.heappop(self._free)}"
         self._next += 1
         return f"{self.prefix} {self._next - 1}"
 
     def give_back(self, lane: str) -> None:
-        self._free.append(int(lane.rsplit(" ", 1)[1]))
+        heapq.heappush(self._free, int(lane.rsplit(" ", 1)[1]))
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:
