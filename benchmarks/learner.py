@@ -98,6 +98,7 @@ def bench_ceiling(args, emu) -> None:
                     t0 = time.perf_counter()
                     learner.train_step(batch)
                     train_s += time.perf_counter() - t0
+                    consumer.settle(batch)
                     steps += 1
                     trained += len(batch)
                     tokens += sum(r.num_tokens for r in batch)

@@ -316,3 +316,60 @@ def test_max_in_flight_below_one_batch_is_refused_as_a_deadlock():
         CreditConfig(max_batches_ahead=0, batch_records=8, shape=shape, group_size=8, max_in_flight=71)
     ok = CreditConfig(max_batches_ahead=0, batch_records=8, shape=shape, group_size=8, max_in_flight=72)
     Simulation(ok).run(30)  # the smallest accepted window still never stalls
+
+
+# ----------------------------------------------------------------------------- per request: write-off and redo
+def _request(rid: str, group: int = 4):
+    from trainer.contracts.rollout_request import RolloutRequest
+
+    return RolloutRequest(rid, "calculator", {"question": rid}, group)
+
+
+def _open(credits: TrajectoryCredits, rid: str, group: int = 4):
+    assert credits.acquire(group, threading.Event())
+    credits.opened(_request(rid, group))
+
+
+def test_returned_trajectories_release_their_requests_credits_once():
+    now = [0.0]
+    credits = TrajectoryCredits(12, clock=lambda: now[0])
+    _open(credits, "a")
+    _open(credits, "b")
+    credits.returned(["a/0", "a/1", "a/2", "a/3", "b/0"])
+    assert credits.outstanding == 3
+    credits.returned(["zzz/0"])  # a request this run never made (from before a restart)
+    assert credits.outstanding == 3 and credits.foreign == 1
+
+
+def test_a_request_that_never_comes_back_is_written_off_and_its_late_arrivals_release_nothing():
+    now = [0.0]
+    credits = TrajectoryCredits(12, clock=lambda: now[0])
+    _open(credits, "lost")
+    now[0] = 5.0
+    _open(credits, "young")
+    credits.returned(["lost/0"])
+    now[0] = 10.5
+    expired = credits.expire(10.0)
+    assert [r.request_id for r in expired] == ["lost"] and expired[0].task == {"question": "lost"}
+    assert credits.written_off == 3 and credits.outstanding == 4  # only "young" is left
+    credits.returned(["lost/1", "lost/2"])  # the worker was slow, not dead
+    assert credits.late == 2 and credits.outstanding == 4
+    assert credits.expire(10.0) == []  # "young" is 5.5 s old
+
+
+def test_a_timed_out_sync_round_writes_off_its_requests_too():
+    credits = TrajectoryCredits(8, rounds=True)
+    _open(credits, "r1")
+    _open(credits, "r2")
+    credits.returned(["r1/0", "r1/1"])
+    credits.forget_outstanding()
+    assert credits.written_off == 6 and credits.outstanding == 0
+    credits.returned(["r2/3"])
+    assert credits.late == 1 and credits.foreign == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan")])
+def test_a_request_timeout_that_could_never_fire_or_always_fires_is_refused(bad):
+    shape = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)
+    with pytest.raises(ValueError, match="request_timeout_s"):
+        CreditConfig(max_batches_ahead=0, batch_records=1, shape=shape, group_size=4, request_timeout_s=bad)

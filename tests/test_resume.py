@@ -1,5 +1,7 @@
 """Kill the learner mid-run and restart it: it resumes from its checkpoint at the same
-policy version, feeder position and dedup set, and never trains a record twice."""
+policy version, feeder position and dedup set, never trains a record twice, and loses
+none: records the killed learner had received but no checkpoint covered come back from
+Pub/Sub (they were never acked) and are trained by its successor."""
 
 import json
 import os
@@ -12,9 +14,11 @@ import pytest
 from localstack.processes import ProcessGroup
 from trainer.contracts.store import PolicyStore
 from trainer.learning.checkpoint import LearnerCheckpointer
+from trainer.learning.consumer import RecordConsumer
+from trainer.telemetry.scalars import read_rows
 
 
-def _learner_cmd(emu, topics, subs, store, ckpt, max_steps, summary=None):
+def _learner_cmd(emu, topics, subs, store, ckpt, max_steps, logdir, summary=None):
     return [
         sys.executable,
         "-m",
@@ -32,8 +36,32 @@ def _learner_cmd(emu, topics, subs, store, ckpt, max_steps, summary=None):
         "--max_staleness=50",
         "--timeout_s=300",
         '--env_config={"max_turns": 2}',
+        # Short deadlines, so what the killed learner held comes back within the test.
+        "--ack_deadline_s=10",
+        "--ack_extend_every_s=3",
+        f"--logdir={logdir}",
         *([f"--summary_path={summary}"] if summary else []),
     ]
+
+
+def _last_step(logdir) -> int:
+    rows = read_rows(logdir / "learner" / "metrics.jsonl")
+    return rows[-1]["step"] if rows else 0
+
+
+def _drain(subscription: str) -> set[str]:
+    """Record ids left on `subscription`, pulled until it stays empty for 15 s (longer than the
+    ack deadline: a message pulled by the killed learner comes back once it lapses)."""
+    consumer = RecordConsumer(subscription, {(2, 256)})
+    ids, quiet_until = set(), time.monotonic() + 15
+    while time.monotonic() < quiet_until:
+        got = consumer.poll(max_messages=100, timeout_s=1.0)
+        consumer.settle(got)  # no checkpointer: acked on the next poll
+        if got:
+            ids |= {r.record_id for r in got}
+            quiet_until = time.monotonic() + 15
+    consumer.close()
+    return ids
 
 
 @pytest.mark.timeout(600)
@@ -41,7 +69,8 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
     emu = pubsub_emulator
     names = {k: unique_name(k) for k in ("requests", "records")}
     topics = {k: emu.create_topic(v) for k, v in names.items()}
-    subs = {k: emu.create_subscription(v + "-sub", v) for k, v in names.items()}
+    subs = {k: emu.create_subscription(v + "-sub", v, ack_deadline_s=10) for k, v in names.items()}
+    tap = emu.create_subscription(names["records"] + "-tap", names["records"])  # every record published
     store, ckpt, summary = tmp_path / "store", tmp_path / "ckpt", tmp_path / "summary.json"
     pipeline_cmd = [
         sys.executable,
@@ -61,15 +90,17 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
         "--policy_poll_s=0.2",
     ]
     with ProcessGroup(pipeline_cmd, tmp_path / "pipeline.log") as pipeline:
-        first = ProcessGroup(_learner_cmd(emu, topics, subs, store, ckpt, 1000), tmp_path / "learner1.log").start()
+        cmd = _learner_cmd(emu, topics, subs, store, ckpt, 1000, tmp_path / "logs1")
+        first = ProcessGroup(cmd, tmp_path / "learner1.log").start()
         reader, deadline = None, time.monotonic() + 240
         while time.monotonic() < deadline:
             assert first.poll() is None, first.log_tail()
             if reader is None and ckpt.exists():
                 reader = LearnerCheckpointer(ckpt, read_only=True)
-            if reader is not None and (reader.latest_step() or 0) >= 4:
+            # Killed after training past its checkpoint: records it holds that no checkpoint covers.
+            if reader is not None and (reader.latest_step() or 0) >= 4 and _last_step(tmp_path / "logs1") % 2:
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
         else:
             pytest.fail(f"no checkpoint at step >= 4:\n{first.log_tail()}")
         os.killpg(first.pid, signal.SIGKILL)  # no goodbye: a crash
@@ -80,13 +111,17 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
         meta = reader.read_meta(step)
         latest_before = PolicyStore(str(store)).latest_version()
 
-        second = ProcessGroup(
-            _learner_cmd(emu, topics, subs, store, ckpt, step + 4, summary), tmp_path / "learner2.log"
-        ).start()
+        received_by_first = read_rows(tmp_path / "logs1" / "learner" / "metrics.jsonl")[-1]["data/records_received"]
+
+        cmd = _learner_cmd(emu, topics, subs, store, ckpt, step + 4, tmp_path / "logs2", summary)
+        second = ProcessGroup(cmd, tmp_path / "learner2.log").start()
         while second.poll() is None:
             assert pipeline.poll() is None, pipeline.log_tail()
             time.sleep(0.5)
         assert second.poll() == 0, second.log_tail()
+    # The pipeline is stopped: what is left on the learner's subscription is what nobody trained.
+    left_over = _drain(subs["records"])
+    published = _drain(tap)
 
     s = json.loads(summary.read_text())
     assert s["resumed_from_step"] == step and s["steps"] == step + 4
@@ -99,3 +134,9 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
     already = set(meta["consumed_ids"])
     assert already and s["trained_record_ids"]
     assert already.isdisjoint(s["trained_record_ids"])  # nothing trained twice
+    # The kill left records the first learner had received but no checkpoint covered ...
+    assert received_by_first > len(already)
+    # ... and none is lost: each published record is in the checkpoint, trained by the second
+    # learner, or still waiting on the subscription for the next one.
+    lost = published - already - set(s["trained_record_ids"]) - left_over
+    assert not lost, f"{len(lost)} of {len(published)} records lost"

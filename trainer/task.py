@@ -151,6 +151,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="learner checkpoints (a dir or gs://…), saved at every policy publish; "
         "a restarted learner resumes from the newest",
     )
+    p.add_argument(
+        "--request_timeout_s",
+        type=float,
+        default=300.0,
+        help="a rollout request not back within this is written off and asked again (async only)",
+    )
+    p.add_argument(
+        "--ack_deadline_s",
+        type=int,
+        default=120,
+        help="ack deadline asked for records held until a checkpoint covers them (10..600)",
+    )
+    p.add_argument(
+        "--ack_extend_every_s", type=float, default=30.0, help="how often held records' deadlines are extended"
+    )
     p.add_argument("--summary_path", default=None, help="also write the run summary here as JSON")
     p.add_argument(
         "--logdir",
@@ -179,8 +194,8 @@ def run(args) -> dict:
     staleness, credits = B.make_staleness(args), B.make_credits(args, layout)
     B.warn_if_short(args, credits)
     feeder = B.make_feeder(args, tasks, credits, staleness, publisher, start)
-    consumer = B.make_consumer(args, layout, start)
-    batches = B.make_batches(layout, learner, staleness)
+    consumer = B.make_consumer(args, layout, start, staleness, checkpointer)  # acks once checkpointed
+    batches = B.make_batches(layout, learner, staleness, consumer)
     schedule = B.make_schedule(args, batches, credits)  # async, or synchronous rounds
     stats = RunStats(peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
     tel = B.make_telemetry(args, tracer, stats)  # a row per step, spans on the timeline
@@ -197,10 +212,12 @@ def run(args) -> dict:
             received = consumer.poll(max_messages=100, timeout_s=1.0)
             tel.polled(polled_at, len(received))
             for rec in received:
-                credits.release(len(rec.trajectories))  # received: its credits are back
+                credits.returned(t.trajectory_id for t in rec.trajectories)  # back: so are their credits
                 stats.on_record(rec)
                 batches.add(rec, publisher.version)
-            credits.release(consumer.take_dropped())
+            credits.returned(consumer.take_dropped())
+            if feeder:
+                feeder.redo_timed_out()  # a request lost with a rollout worker is asked again
             while learner.steps < args.max_steps and (batch := schedule.next_batch(publisher.version)):
                 tel.data_ready()
                 looked_up = time.perf_counter_ns()
@@ -210,12 +227,14 @@ def run(args) -> dict:
                 with tel.span("train step", step=learner.steps + 1):
                     metrics = learner.train_step(batch)
                 step_s = time.monotonic() - t0
+                consumer.settle(batch)
                 stats.on_step(batch, metrics, step_s, flops)
                 if schedule.publish_due(learner.steps):
                     with tel.span("publish", version=publisher.version + 1):
                         publisher.publish()
-                    with tel.span("checkpoint"):
-                        publisher.checkpoint(feeder.published if feeder else 0, consumer.seen_ids)
+                    with tel.span("checkpoint"):  # its records are acked once it is durable
+                        dedup = consumer.checkpoint_ids(publisher.version)
+                        publisher.checkpoint(feeder.published if feeder else 0, dedup)
                     schedule.next_round()
                 row = tel.on_step(learner.steps, publisher.version, stats, batch, metrics, step_s, parts)
                 log.info(
@@ -231,9 +250,9 @@ def run(args) -> dict:
     finally:
         if feeder:
             feeder.stop()
-        consumer.close()
         if checkpointer is not None:
             checkpointer.close()  # waits for the last save
+        consumer.close()  # acks what that save covers, nacks the rest back to the subscription
         tel.close()
     summary = {**stats.summary(learner, start, publisher, consumer, feeder, staleness, layout), **schedule.summary()}
     summary["accounting"] = B.account(args, stats, parts, schedule)

@@ -106,8 +106,20 @@ def pull(
 def ack(subscriber: pubsub_v1.SubscriberClient, subscription: str, ack_ids: Sequence[str]) -> None:
     """Acknowledge ``ack_ids``; a no-op for an empty sequence (the API refuses it)."""
     ids = list(ack_ids)
-    if ids:
-        subscriber.acknowledge(request={"subscription": subscription, "ack_ids": ids})
+    for i in range(0, len(ids), 1000):
+        subscriber.acknowledge(request={"subscription": subscription, "ack_ids": ids[i : i + 1000]})
+
+
+def modify_ack_deadline(
+    subscriber: pubsub_v1.SubscriberClient, subscription: str, ack_ids: Sequence[str], seconds: int
+) -> None:
+    """Extend (or, with 0, give up: a nack) the ack deadline of ``ack_ids``, in chunks the
+    API accepts; a no-op for an empty sequence."""
+    ids = list(ack_ids)
+    for i in range(0, len(ids), 1000):
+        subscriber.modify_ack_deadline(
+            request={"subscription": subscription, "ack_ids": ids[i : i + 1000], "ack_deadline_seconds": int(seconds)}
+        )
 
 
 def publish(publisher: pubsub_v1.PublisherClient, topic: str, data: bytes, **attributes: str):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from trainer.contracts.record_shape import RecordShape
 from trainer.learning.staleness import StalenessControl
 
@@ -9,15 +11,23 @@ from trainer.learning.staleness import StalenessControl
 class BatchBuffer:
     """A batch is `batch_records` records of one shape (one compiled step per bucket),
     oldest first, handed out once the staleness control lets it train. Records that went
-    stale while buffered (the version moved on) are dropped, and counted, on the way."""
+    stale while buffered (the version moved on) are dropped, and counted, on the way;
+    `on_dropped` hears of every record dropped as stale (the consumer settles them)."""
 
-    def __init__(self, shapes: tuple[RecordShape, ...], batch_records: int, staleness: StalenessControl):
-        self.batch_records, self.staleness = batch_records, staleness
+    def __init__(
+        self,
+        shapes: tuple[RecordShape, ...],
+        batch_records: int,
+        staleness: StalenessControl,
+        on_dropped: Callable[[list], None] = lambda records: None,
+    ):
+        self.batch_records, self.staleness, self.on_dropped = batch_records, staleness, on_dropped
         self.queues: dict[tuple[int, int], list] = {s.key: [] for s in shapes}
 
     def add(self, record, version: int) -> bool:
         """Queues `record` if it is fresh enough for `version`; False when dropped as stale."""
         if not self.staleness.admit(record, version):
+            self.on_dropped([record])
             return False
         self.queues[record.shape].append(record)
         return True
@@ -25,7 +35,7 @@ class BatchBuffer:
     def take(self, version: int) -> list | None:
         n = self.batch_records
         for queue in self.queues.values():
-            queue[:] = [r for r in queue if self.staleness.admit_again(r, version)]
+            queue[:] = self._fresh(queue, version)
             if len(queue) >= n and not self.staleness.should_wait(queue[:n], version):
                 batch = queue[:n]
                 del queue[:n]
@@ -36,8 +46,16 @@ class BatchBuffer:
         """Every queued record still fresh enough, one list per shape (a synchronous round)."""
         out = []
         for queue in self.queues.values():
-            fresh = [r for r in queue if self.staleness.admit_again(r, version)]
+            fresh = self._fresh(queue, version)
             queue.clear()
             if fresh:
                 out.append(fresh)
         return out
+
+    def _fresh(self, queue: list, version: int) -> list:
+        fresh, stale = [], []
+        for r in queue:
+            (fresh if self.staleness.admit_again(r, version) else stale).append(r)
+        if stale:
+            self.on_dropped(stale)
+        return fresh

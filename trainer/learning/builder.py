@@ -21,6 +21,7 @@ from trainer.learning.batches import BatchBuffer
 from trainer.learning.capacity import Measurements, shortfall_warning
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.consumer import RecordConsumer
+from trainer.learning.deliveries import DeliveryConfig
 from trainer.learning.feeder import CreditConfig, Feeder, TrajectoryCredits
 from trainer.learning.learner import Learner, LearnerConfig
 from trainer.learning.losses import LossConfig
@@ -44,7 +45,7 @@ class Start:
     version: int = -1  # the policy version the checkpoint had published (-1: none)
     resumed_from_step: int | None = None
     feeder_position: int = 0
-    consumed_ids: frozenset[str] = frozenset()
+    consumed_ids: dict[str, int] = dataclasses.field(default_factory=dict)  # the dedup set: id -> oldest version
     warmstart_s: float = 0.0
 
     @property
@@ -124,7 +125,7 @@ def restore_or_initialise(learner: Learner, checkpointer, args, tasks) -> Start:
         learner.params, learner.opt_state, learner.steps = state["params"], state["opt_state"], step
         if "ref_params" in state:
             learner.ref_params = state["ref_params"]
-        return Start(meta["learner_version"], step, meta["feeder_position"], frozenset(meta["consumed_ids"]))
+        return Start(meta["learner_version"], step, meta["feeder_position"], consumed_ids_of(meta))
     t0 = time.monotonic()
     if args.init_policy:
         found = PolicyStore(args.init_policy).load_latest(learner.params_dict())
@@ -147,6 +148,13 @@ def restore_or_initialise(learner: Learner, checkpointer, args, tasks) -> Start:
     if learner.cfg.loss.kl_coef > 0:
         learner.set_reference(learner.params)
     return Start(warmstart_s=round(time.monotonic() - t0, 2))
+
+
+def consumed_ids_of(meta: dict) -> dict[str, int]:
+    """The checkpoint's dedup set. Checkpoints written before the dedup horizon hold a plain
+    list of ids: with no version known (-1), those ids are never forgotten."""
+    ids = meta["consumed_ids"]
+    return {str(k): int(v) for k, v in ids.items()} if isinstance(ids, dict) else dict.fromkeys(map(str, ids), -1)
 
 
 def make_warmstart_config(args) -> WarmStartConfig:
@@ -191,6 +199,7 @@ def make_credits(args, layout: RecordLayout) -> TrajectoryCredits:
         sync=args.sync,
         steps_per_round=args.publish_every,
         max_in_flight=args.max_in_flight,
+        request_timeout_s=None if args.sync else args.request_timeout_s,
     )
     log.info("feeder credits: %d trajectories in flight (%.2f batches ahead)", cfg.window, cfg.batches_ahead)
     return TrajectoryCredits(cfg.window, rounds=args.sync)
@@ -241,17 +250,26 @@ def make_feeder(args, tasks, credits, staleness: StalenessControl, publisher: Po
         args.env_config,
         min_version=lambda: staleness.cfg.min_request_version(publisher.version),
         start=start.feeder_position,
+        request_timeout_s=None if args.sync else args.request_timeout_s,  # validated by make_credits
     )
 
 
-def make_consumer(args, layout: RecordLayout, start: Start) -> RecordConsumer:
-    consumer = RecordConsumer(args.records_subscription, {s.key for s in layout.shapes}, args.dead_letter_topic)
-    consumer.seen_ids = set(start.consumed_ids)  # never train a record twice
-    return consumer
+def make_consumer(args, layout: RecordLayout, start: Start, staleness: StalenessControl, checkpointer):
+    """Acks a record once a durable checkpoint covers it (at once without checkpoints); the
+    checkpoint's dedup set means a restart never trains a record twice."""
+    delivery = DeliveryConfig(args.ack_deadline_s, args.ack_extend_every_s, staleness.cfg.max_staleness)
+    return RecordConsumer(
+        args.records_subscription,
+        {s.key for s in layout.shapes},
+        args.dead_letter_topic,
+        delivery=delivery,
+        consumed=start.consumed_ids,
+        durable=None if checkpointer is None else (lambda: not checkpointer.saving()),
+    )
 
 
-def make_batches(layout: RecordLayout, learner: Learner, staleness: StalenessControl) -> BatchBuffer:
-    return BatchBuffer(layout.shapes, learner.cfg.batch_records, staleness)
+def make_batches(layout: RecordLayout, learner: Learner, staleness: StalenessControl, consumer) -> BatchBuffer:
+    return BatchBuffer(layout.shapes, learner.cfg.batch_records, staleness, on_dropped=consumer.settle)
 
 
 def _primary() -> bool:
@@ -272,14 +290,16 @@ def account(args, stats, parts, schedule) -> dict:
     """The run's trajectory balances (trainer/learning/accounting.py), from the parts' counters."""
     queued = [r for q in parts.batches.queues.values() for r in q]
     queued += [r for batch in getattr(schedule, "pending", []) for r in batch]  # a sync round not yet trained
-    feeder = parts.feeder
+    feeder, credits = parts.feeder, parts.credits
     return trajectory_accounting(
-        requested=(feeder.published - feeder.start_position) * args.group_size if feeder else 0,
+        requested=(feeder.published - feeder.start_position + feeder.redone) * args.group_size if feeder else 0,
         received=len(stats.rewards),
         trained=stats.trained_trajectories,
         dropped_stale=parts.staleness.dropped_trajectories,
         buffered=sum(len(r.trajectories) for r in queued),
         dropped_by_pipeline=parts.consumer.dropped_trajectories,
-        written_off=getattr(schedule, "lost_trajectories", 0),
-        in_flight=parts.credits.outstanding,
+        written_off=credits.written_off,
+        late=credits.late,
+        foreign=credits.foreign,
+        in_flight=credits.outstanding,
     )

@@ -2,7 +2,7 @@
 
     ckpt = LearnerCheckpointer(directory, max_to_keep=3)       # local dir or gs://bucket/prefix
     ckpt.save(step, {"params": p, "opt_state": o},
-              {"learner_version": v, "feeder_position": n, "consumed_ids": sorted(ids)})
+              {"learner_version": v, "feeder_position": n, "consumed_ids": {id: version}})
     restored = ckpt.restore_latest({"params": abstract_p, "opt_state": abstract_o})
     if restored: step, state, meta = restored
 
@@ -16,8 +16,9 @@ are copied off the device; the write continues in the background) and policy pub
 does not wait for it. That is safe because nothing a worker sees depends on a checkpoint:
 policy versions are numbered from the store's LATEST (resume with
 max(LATEST, checkpoint version) + 1), so a crash after a publish but before the
-checkpoint is durable only costs the steps since the last durable checkpoint (and the
-records consumed meanwhile, which were already acked). Call wait_until_finished() (or
+checkpoint is durable only costs the steps since the last durable checkpoint; the records
+trained meanwhile come back from Pub/Sub, because the consumer acks a record only once a
+durable checkpoint covers it (trainer/learning/deliveries.py). Call wait_until_finished() (or
 save(..., wait=True)) where the caller needs durability, e.g. before exiting.
 """
 
@@ -74,6 +75,7 @@ class LearnerCheckpointer:
             cleanup_tmp_directories=not read_only,
         )
         self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        self._closed = False
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, wait: bool = False) -> None:
         """Checkpoint `state` (a dict of pytrees) and `meta` (JSON values; sets become sorted
@@ -123,12 +125,17 @@ class LearnerCheckpointer:
             return None
         return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
+    def saving(self) -> bool:
+        """True while a save is in flight (not yet durable)."""
+        return not self._closed and self._mngr.is_saving_in_progress()
+
     def wait_until_finished(self) -> None:
         self._mngr.wait_until_finished()
 
     def close(self) -> None:
         """Waits for a pending save, then releases Orbax's threads."""
         self._mngr.close()
+        self._closed = True
 
     def __enter__(self) -> Self:
         return self

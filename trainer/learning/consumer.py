@@ -1,38 +1,72 @@
-"""Pulls packed records from Pub/Sub, validates them, dead-letters what is invalid."""
+"""Pulls packed records from Pub/Sub, validates them, dead-letters what is invalid, and
+acks a record only once it can no longer be lost (trainer/learning/deliveries.py)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+from collections.abc import Callable, Iterable
+
+from google.api_core import exceptions as gexc
 
 from trainer.contracts import pubsub_io
 from trainer.contracts.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
+from trainer.learning.deliveries import Deliveries, DeliveryConfig
+from trainer.learning.schedule import PADDING_ID
 
 log = logging.getLogger(__name__)
+
+MAX_NOTICE_TRAJECTORIES = 100_000  # a drop notice covers one group or one trajectory: far fewer
+_TRANSIENT = (gexc.GoogleAPICallError, gexc.RetryError)  # Pub/Sub unreachable, restarting, overloaded
 
 
 class RecordConsumer:
     """Every pulled message ends in exactly one counter: accepted, duplicate or rejected.
     A rejected message is published to the dead-letter topic (when configured) with the
-    reason, then acked: it never reaches the learner and never blocks the subscription."""
+    reason, then acked: it never reaches the learner and never blocks the subscription.
 
-    def __init__(self, subscription: str, shapes: set[tuple[int, int]], dead_letter_topic: str | None = None):
+    An accepted record is held, not acked, until `settle` says it was trained or dropped
+    and a durable checkpoint covers it (`durable()` true: no save in flight). With
+    `durable=None` (a learner without checkpoints) a settled record is acked at once."""
+
+    def __init__(
+        self,
+        subscription: str,
+        shapes: set[tuple[int, int]],
+        dead_letter_topic: str | None = None,
+        *,
+        delivery: DeliveryConfig = DeliveryConfig(),
+        consumed: dict[str, int] | None = None,
+        durable: Callable[[], bool] | None = None,
+    ):
         self.subscription = subscription
         self.shapes = set(shapes)  # one per length bucket
         self.dead_letter_topic = dead_letter_topic
         self.subscriber = pubsub_io.subscriber_client()
         self.publisher = pubsub_io.publisher_client() if dead_letter_topic else None
-        self.seen_ids: set[str] = set()
+        self.deliveries = Deliveries(delivery, consumed)
+        self.durable = durable
         self.accepted = self.duplicates = self.rejected = 0
+        self.pubsub_errors = 0  # pulls, acks and extensions that failed; each retried later
         self.dropped_trajectories: dict[str, int] = {}  # by reason, from the pipeline's drop notices
-        self._unreleased_drops = 0
+        self._unreleased_drops: list[str] = []
+        self._backoff_s = 0.0
 
     def poll(self, max_messages: int = 10, timeout_s: float = 1.0) -> list[PackedRecord]:
-        received = pubsub_io.pull(self.subscriber, self.subscription, max_messages, timeout_s)
-        out = []
+        self._acknowledge()
+        try:
+            received = pubsub_io.pull(self.subscriber, self.subscription, max_messages, timeout_s)
+        except _TRANSIENT as e:
+            self._failed("pull", e)
+            return []
+        self._backoff_s = 0.0
+        out, ack_now = [], []
         for rm in received:
             kind = rm.message.attributes.get(KIND_ATTRIBUTE)
             if kind is not None:
                 self._notice(rm.message, kind)
+                ack_now.append(rm.ack_id)
                 continue
             try:
                 rec = decode(rm.message.data)
@@ -40,35 +74,83 @@ class RecordConsumer:
                     raise RecordError(f"record shape {rec.shape} is not a declared bucket shape {sorted(self.shapes)}")
             except RecordError as e:
                 self._reject(rm.message, str(e))
+                ack_now.append(rm.ack_id)
                 continue
-            if rec.record_id in self.seen_ids:  # Pub/Sub delivers at least once
-                self.duplicates += 1
+            fate = self.deliveries.accept(rec.record_id, rm.ack_id, rec.min_policy_version)
+            if fate == "new":
+                self.accepted += 1
+                out.append(rec)
                 continue
-            self.seen_ids.add(rec.record_id)
-            self.accepted += 1
-            out.append(rec)
-        pubsub_io.ack(self.subscriber, self.subscription, [rm.ack_id for rm in received])
+            self.duplicates += 1  # Pub/Sub delivers at least once
+            if fate == "consumed":
+                ack_now.append(rm.ack_id)
+        self._call("ack", pubsub_io.ack, ack_now)
         return out
 
-    def take_dropped(self) -> int:
-        """Trajectories the pipeline reported as deliberately not packed since the last
-        call: their feeder credits are due back."""
-        n, self._unreleased_drops = self._unreleased_drops, 0
-        return n
+    def settle(self, records: Iterable[PackedRecord]) -> None:
+        """These records were trained, or dropped as stale (a sync round's padding records
+        never came from Pub/Sub: nothing to settle)."""
+        self.deliveries.settle(r.record_id for r in records if r.record_id != PADDING_ID)
+
+    def checkpoint_ids(self, learner_version: int) -> dict[str, int]:
+        """Call as a checkpoint save begins: the dedup set it must hold (record id -> oldest
+        policy version); what is settled now is acked once the save is durable."""
+        return self.deliveries.checkpoint(learner_version)
+
+    @property
+    def seen_ids(self) -> set[str]:
+        """Ids this learner will not train again: consumed, or held right now."""
+        return set(self.deliveries.consumed) | set(self.deliveries.held)
+
+    def _acknowledge(self) -> None:
+        d = self.deliveries
+        if self.durable is None:
+            self._call("ack", pubsub_io.ack, d.take_settled())
+        elif self.durable():
+            self._call("ack", pubsub_io.ack, d.take_covered())
+        extend = d.due_for_extension()
+        self._call("extend", pubsub_io.modify_ack_deadline, extend, d.cfg.ack_deadline_s)
+
+    def _call(self, what: str, fn, ack_ids: list[str], *args) -> None:
+        """An ack or extension that fails is not retried here: the message comes back and
+        the dedup set (or the held entry) absorbs the redelivery."""
+        if not ack_ids:
+            return
+        try:
+            fn(self.subscriber, self.subscription, ack_ids, *args)
+        except _TRANSIENT as e:
+            self._failed(what, e)
+
+    def _failed(self, what: str, e: Exception) -> None:
+        self.pubsub_errors += 1
+        self._backoff_s = min(max(2 * self._backoff_s, 0.25), 8.0)
+        log.warning("Pub/Sub %s failed (%s); backing off %.2f s", what, type(e).__name__, self._backoff_s)
+        time.sleep(self._backoff_s)
+
+    def take_dropped(self) -> list[str]:
+        """Ids of the trajectories the pipeline reported as deliberately not packed since the
+        last call: their feeder credits are due back."""
+        ids, self._unreleased_drops = self._unreleased_drops, []
+        return ids
 
     def _notice(self, message, kind: str) -> None:
         try:
             if kind != KIND_DROPPED:
                 raise ValueError(f"unknown message kind {kind!r}")
             n = int(message.attributes["trajectories"])
-            if not 0 < n <= 1_000_000:
+            if not 0 < n <= MAX_NOTICE_TRAJECTORIES:
                 raise ValueError(f"trajectories={n} out of range")
-        except (KeyError, ValueError) as e:
+            if len(message.data) > 256 * n + 64:
+                raise ValueError(f"{len(message.data)} bytes for {n} trajectory ids")
+            ids = json.loads(message.data)["trajectory_ids"]
+            if not (isinstance(ids, list) and len(ids) == n and all(isinstance(i, str) and i for i in ids)):
+                raise ValueError(f"trajectory_ids must be {n} non-empty strings")
+        except (KeyError, TypeError, ValueError) as e:  # JSONDecodeError is a ValueError
             self._reject(message, f"bad notice: {e}")
             return
         reason = message.attributes.get("reason", "unknown")[:64]
         self.dropped_trajectories[reason] = self.dropped_trajectories.get(reason, 0) + n
-        self._unreleased_drops += n
+        self._unreleased_drops += ids
 
     def _reject(self, message, error: str) -> None:
         self.rejected += 1
@@ -83,4 +165,8 @@ class RecordConsumer:
             ).result(timeout=30)
 
     def close(self) -> None:
+        """Acks what a durable checkpoint covers and nacks everything else still held, so
+        the next learner gets it at once instead of after the ack deadline."""
+        self._acknowledge()
+        self._call("nack", pubsub_io.modify_ack_deadline, self.deliveries.release_all(), 0)
         self.subscriber.close()

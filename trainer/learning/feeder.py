@@ -10,11 +10,13 @@ maximum wait, a window of (ahead + 1) * batch_records * rows * max_segments_per_
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
 import math
 import threading
+import time
 import uuid
 
 from trainer.contracts import pubsub_io
@@ -38,8 +40,14 @@ class CreditConfig:
     # The user's knob for the asynchronous window: trajectories in flight (Little's law:
     # the learner's consumption rate x episode latency). None: from max_batches_ahead.
     max_in_flight: int | None = None
+    # A request not back within this is written off and asked again (a rollout worker died
+    # with it, say). Above any honest episode latency: a redo of a slow request doubles its
+    # cost. None: never (the sync baseline's round timeout does it per round).
+    request_timeout_s: float | None = 300.0
 
     def __post_init__(self):
+        if self.request_timeout_s is not None and not 0 < self.request_timeout_s < float("inf"):
+            raise ValueError(f"request_timeout_s must be a positive number of seconds, got {self.request_timeout_s!r}")
         if self.max_batches_ahead < 0 or self.batch_records < 1 or self.group_size < 1 or self.steps_per_round < 1:
             raise ValueError(
                 f"need max_batches_ahead >= 0, batch_records >= 1, group_size >= 1, steps_per_round >= 1: {self}"
@@ -77,13 +85,23 @@ class CreditConfig:
 class TrajectoryCredits:
     """At most `window` trajectories requested and not yet back. With rounds=True, the
     window is also all that one round may request: after that, acquire blocks until
-    open_round() (the synchronous baseline requests nothing before the next version)."""
+    open_round() (the synchronous baseline requests nothing before the next version).
 
-    def __init__(self, window: int, rounds: bool = False):
-        self.window, self.rounds = window, rounds
+    Credits are also tracked per request (`opened` / `returned`, by trajectory id
+    "<request_id>/<i>"), so a request that never comes back (a rollout worker killed with it,
+    a dead-lettered request) can be written off and redone (`expire`) instead of holding its
+    credits for ever; a late arrival of a written-off request releases nothing twice."""
+
+    def __init__(self, window: int, rounds: bool = False, clock=time.monotonic):
+        self.window, self.rounds, self.clock = window, rounds, clock
         self.outstanding = 0
         self._round_left = window
         self._cond = threading.Condition()
+        self._open: dict[str, list] = {}  # request id -> [trajectories not back, opened at, request]
+        self._written_off_ids: set[str] = set()
+        self.written_off = 0  # trajectories given up on (timed out, or a sync round's write-off)
+        self.late = 0  # trajectories that came back after their request was written off
+        self.foreign = 0  # trajectories of requests this run never made (from before a restart)
 
     def acquire(self, n: int, stop: threading.Event, poll_s: float = 0.1) -> bool:
         """Blocks until n more trajectories fit in the window; False if stopped."""
@@ -102,6 +120,47 @@ class TrajectoryCredits:
             self.outstanding = max(0, self.outstanding - n)
             self._cond.notify_all()
 
+    def opened(self, request: RolloutRequest) -> None:
+        """`request` (its credits acquired) is about to be published."""
+        with self._cond:
+            self._open[request.request_id] = [request.group_size, self.clock(), request]
+
+    def returned(self, trajectory_ids) -> None:
+        """These trajectories came back (in a record, or a drop notice): their credits too."""
+        with self._cond:
+            for tid in trajectory_ids:
+                rid = str(tid).rpartition("/")[0]
+                entry = self._open.get(rid)
+                if entry is None:
+                    if rid in self._written_off_ids:
+                        self.late += 1
+                    else:
+                        self.foreign += 1
+                    continue
+                entry[0] -= 1
+                self.outstanding = max(0, self.outstanding - 1)
+                if entry[0] <= 0:
+                    del self._open[rid]
+            self._cond.notify_all()
+
+    def expire(self, timeout_s: float) -> list[RolloutRequest]:
+        """Requests open for longer than `timeout_s`: written off (their credits back) and
+        returned, to be redone."""
+        now, out = self.clock(), []
+        with self._cond:
+            for rid, (left, opened_at, request) in list(self._open.items()):
+                if now - opened_at > timeout_s:
+                    self._write_off(rid, left)
+                    out.append(request)
+            self._cond.notify_all()
+        return out
+
+    def _write_off(self, rid: str, left: int) -> None:
+        del self._open[rid]
+        self._written_off_ids.add(rid)
+        self.written_off += left
+        self.outstanding = max(0, self.outstanding - left)
+
     def round_requested(self) -> bool:
         with self._cond:
             return self.rounds and self._round_left == 0
@@ -119,8 +178,11 @@ class TrajectoryCredits:
             self._cond.notify_all()
 
     def forget_outstanding(self) -> None:
-        """A timed-out round: what did not come back is written off (and counted by the caller)."""
+        """A timed-out round: what did not come back is written off."""
         with self._cond:
+            for rid, (left, _, _) in list(self._open.items()):
+                self._write_off(rid, left)
+            self.written_off += self.outstanding  # acquired, never opened through a request
             self.outstanding = 0
             self._cond.notify_all()
 
@@ -136,6 +198,7 @@ class Feeder(threading.Thread):
         env_config: dict | None = None,
         min_version=lambda: 0,
         start: int = 0,
+        request_timeout_s: float | None = None,
     ):
         super().__init__(name="feeder", daemon=True)
         self.min_version = min_version  # () -> the oldest policy version a new request may use
@@ -147,22 +210,43 @@ class Feeder(threading.Thread):
         self.published = self.start_position = start  # requests made before a restart are not this run's
         self.error: BaseException | None = None
         self._run_id = uuid.uuid4().hex[:8]
+        self.request_timeout_s = request_timeout_s  # None: never give up on a request
+        self._redo: collections.deque = collections.deque()  # tasks of written-off requests
+        self.redone = 0  # requests made again (not a step in the prompt stream)
+        self._sequence = itertools.count(start)
+
+    def redo_timed_out(self) -> int:
+        """Writes off requests older than request_timeout_s and queues their tasks again; the
+        number of requests written off."""
+        if self.request_timeout_s is None:
+            return 0
+        expired = self.credits.expire(self.request_timeout_s)
+        for req in expired:
+            log.warning(
+                "request %s not back after %.0f s: written off, asked again", req.request_id, self.request_timeout_s
+            )
+            self._redo.append(req.task)
+        return len(expired)
 
     def run(self) -> None:
         publisher = pubsub_io.publisher_client()
         try:
             while self.credits.acquire(self.group_size, self.stop_event):
-                task = next(self.tasks)
+                redo = self._redo.popleft() if self._redo else None
                 req = RolloutRequest(
-                    request_id=f"{self._run_id}-{self.published:07d}",
+                    request_id=f"{self._run_id}-{next(self._sequence):07d}",
                     env=self.env,
-                    task=task.to_json_dict(),
+                    task=redo if redo is not None else next(self.tasks).to_json_dict(),
                     group_size=self.group_size,
                     env_config=self.env_config,
                     min_policy_version=self.min_version(),
                 )
+                self.credits.opened(req)
                 pubsub_io.publish(publisher, self.topic, req.to_bytes()).result(timeout=30)
-                self.published += 1
+                if redo is None:
+                    self.published += 1  # the prompt stream's position: what a resumed learner skips
+                else:
+                    self.redone += 1
         except BaseException as e:
             self.error = e
             log.exception("feeder failed")

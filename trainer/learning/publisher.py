@@ -68,7 +68,7 @@ class PolicyPublisher:
             self.store.gc(self.keep_versions)
         self.published.append(self.version)
 
-    def checkpoint(self, feeder_position: int, consumed_ids: set[str]) -> None:
+    def checkpoint(self, feeder_position: int, consumed_ids: dict[str, int]) -> None:
         """A restarted learner resumes at exactly this version, feeder position and dedup set."""
         if self.checkpointer is None:
             return

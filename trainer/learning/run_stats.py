@@ -85,6 +85,13 @@ class RunStats:
             "records_consumed": self.records,
             "records_rejected": consumer.rejected,
             "records_duplicate": consumer.duplicates,
+            "records_redelivered_while_held": consumer.deliveries.redelivered,
+            "dedup_ids": {
+                "at_end": len(consumer.deliveries.consumed),
+                "peak": consumer.deliveries.peak_consumed,
+                "expired": consumer.deliveries.expired,
+            },
+            "pubsub_errors": consumer.pubsub_errors,
             "trajectories_dropped_by_pipeline": consumer.dropped_trajectories,
             "tokens_consumed": self.tokens,
             "loss_tokens_consumed": self.loss_tokens,
@@ -99,6 +106,7 @@ class RunStats:
             "trajectories_dropped_stale": staleness.dropped_trajectories,
             "staleness_waits": staleness.waits,
             "requests_published": feeder.published if feeder else None,
+            "requests_redone": feeder.redone if feeder else None,  # written off after request_timeout_s
             "compiled_train_steps": learner.compiled_variants(),
             "wall_s": round(wall, 2),
             "learner_duty_cycle": round(self.step_time_s / wall, 4) if wall else 0.0,

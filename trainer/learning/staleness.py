@@ -2,7 +2,7 @@
 
 A record's staleness = learner version - the oldest policy version that generated any
 of its tokens. Three bounds work together:
-  * records staler than `max_staleness` are dropped on arrival (acked and counted);
+  * records staler than `max_staleness` are dropped on arrival (counted; acked once a checkpoint covers them);
   * while the mean staleness of the data ready to train exceeds `max_mean_staleness`,
     the learner does not train on it and waits for fresher records;
   * the feeder stamps every request with `min_policy_version = learner version -

@@ -78,6 +78,9 @@ class LearnerTelemetry:
             "data/records_dead_lettered": parts.consumer.rejected,
             "data/records_duplicate": parts.consumer.duplicates,
             "data/records_dropped_stale": parts.staleness.dropped_records,
+            "data/records_held_unacked": len(parts.consumer.deliveries.held),
+            "data/dedup_ids": len(parts.consumer.deliveries.consumed),
+            "data/pubsub_errors": parts.consumer.pubsub_errors,
             "feeder/in_flight": parts.credits.outstanding,
             "feeder/requests_published": parts.feeder.published if parts.feeder else 0,
         }
