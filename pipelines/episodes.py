@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from environments import Environment, EpisodeStatus, Task
+from environments import Environment, EpisodeStatus, StepResult, Task
 from environments.tool_calls import TURN_STOP_STRINGS
 from pipelines.engine import InferenceEngine, Sequence
 from pipelines.trajectory import Trajectory
@@ -75,9 +75,42 @@ async def run_episode(
         return out
 
 
+async def _reset(env, task, limits: EpisodeLimits) -> str:
+    """The first observation. A reset that raises, hangs past the step timeout or returns no
+    text fails the whole request (no episode began): its group is dead-lettered with the error."""
+    try:
+        text = await asyncio.wait_for(env.reset(task), timeout=limits.step_timeout_s)
+    except TimeoutError:
+        raise TimeoutError(f"env.reset took over the step timeout ({limits.step_timeout_s} s)") from None
+    if not isinstance(text, str):
+        raise TypeError(f"env.reset must return str, got {type(text).__name__}")
+    return text
+
+
+def _checked(result) -> StepResult:
+    """What the episode loop may rely on; anything else from a (plugin) environment is its
+    error, ended as env_error, never a crash further down (packing, counters)."""
+    if not isinstance(result, StepResult):
+        raise TypeError(f"env.step must return StepResult, got {type(result).__name__}")
+    if not isinstance(result.observation, str) or not isinstance(result.info, dict):
+        raise TypeError("StepResult.observation must be str and info a dict")
+    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float, np.number)):
+        raise TypeError(f"StepResult.reward must be a number, got {type(result.reward).__name__}")
+    if not np.isfinite(result.reward):
+        raise ValueError(f"StepResult.reward must be finite, got {result.reward}")
+    if result.done:
+        status = result.info.get("status") or EpisodeStatus.FINISHED
+        if getattr(status, "value", status) not in _STATUSES:
+            raise ValueError(f"info['status'] must be one of {sorted(_STATUSES)}, got {status!r}")
+    return result
+
+
+_STATUSES = {s.value for s in EpisodeStatus}
+
+
 async def _run_episode(engine, env, task, limits, tracer, lane) -> _Outcome:
     deadline = time.monotonic() + limits.episode_timeout_s
-    prompt = tokenizer.encode(await env.reset(task))
+    prompt = tokenizer.encode(await _reset(env, task, limits))
     out = _Outcome(Sequence.start([tokenizer.BOS] + prompt[: limits.max_tokens - 2]))
     seq = out.seq
     try:
@@ -113,7 +146,7 @@ async def _env_step(env, action, out: _Outcome, limits: EpisodeLimits, deadline:
     timeout = max(min(limits.step_timeout_s, deadline - time.monotonic()), 0.0)
     started = time.monotonic()
     try:
-        return await asyncio.wait_for(env.step(action), timeout=timeout)
+        return _checked(await asyncio.wait_for(env.step(action), timeout=timeout))
     except TimeoutError:
         out.status = EpisodeStatus.TIMEOUT.value
     except Exception:

@@ -183,18 +183,22 @@ def parse_args(argv):
 
 def run(args) -> dict:
     layout = layout_from_flags(args)
+    # Bounds, the warm start and the environment are refused before anything starts.
+    learner_cfg = B.make_learner_config(args, layout)
+    staleness, credits = B.make_staleness(args), B.make_credits(args, layout)
+    delivery = B.make_delivery(args, staleness)
+    B.check_settings(args)
     tracer = B.make_tracer(args)
-    learner = B.make_learner(args, layout, B.make_mesh_from_flag(args.mesh))
+    learner = B.make_learner(args, learner_cfg, B.make_mesh_from_flag(args.mesh))
     tasks = B.load_prompts(args)
     checkpointer = B.make_checkpointer(args)
     with tracer.span("warm start or restore", "learner"):
         start = B.restore_or_initialise(learner, checkpointer, args, tasks)
     publisher = B.make_publisher(args, learner, checkpointer, start)
     publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)
-    staleness, credits = B.make_staleness(args), B.make_credits(args, layout)
     B.warn_if_short(args, credits)
     feeder = B.make_feeder(args, tasks, credits, staleness, publisher, start)
-    consumer = B.make_consumer(args, layout, start, staleness, checkpointer)  # acks once checkpointed
+    consumer = B.make_consumer(args, layout, start, delivery, checkpointer)  # acks once checkpointed
     batches = B.make_batches(layout, learner, staleness, consumer)
     schedule = B.make_schedule(args, batches, credits)  # async, or synchronous rounds
     stats = RunStats(peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)

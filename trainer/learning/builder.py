@@ -76,7 +76,7 @@ def make_mesh_from_flag(text: str | None):
     return make_mesh(*shape)
 
 
-def make_learner(args, layout: RecordLayout, mesh) -> Learner:
+def make_learner_config(args, layout: RecordLayout) -> LearnerConfig:
     loss = LossConfig(
         algorithm=args.loss,
         eps_low=args.eps_low,
@@ -87,13 +87,16 @@ def make_learner(args, layout: RecordLayout, mesh) -> Learner:
         kl_coef=args.kl_coef,
         kl_estimator=args.kl_estimator,
     )
-    cfg = LearnerConfig(
+    return LearnerConfig(
         batch_records=args.batch_records,
         learning_rate=args.learning_rate,
         publish_every=args.publish_every,
         seed=args.seed,
         loss=loss,
     )
+
+
+def make_learner(args, cfg: LearnerConfig, mesh) -> Learner:
     return Learner(model_config(args.model_config), cfg, mesh)
 
 
@@ -254,10 +257,28 @@ def make_feeder(args, tasks, credits, staleness: StalenessControl, publisher: Po
     )
 
 
-def make_consumer(args, layout: RecordLayout, start: Start, staleness: StalenessControl, checkpointer):
+def make_delivery(args, staleness: StalenessControl) -> DeliveryConfig:
+    return DeliveryConfig(args.ack_deadline_s, args.ack_extend_every_s, staleness.cfg.max_staleness)
+
+
+def check_settings(args) -> None:
+    """What would otherwise fail only later (after the warm start, or in every rollout
+    worker as dead-lettered requests): refused now, naming the flag."""
+    if args.warmstart_steps and not args.init_policy:
+        make_warmstart_config(args)
+        if args.warmstart_tasks < 1:
+            raise ValueError(f"warmstart_tasks must be >= 1 with a warm start, got {args.warmstart_tasks}")
+    environments.load_entry_points()
+    try:
+        environments.make(args.env, **args.env_config)
+    except (KeyError, TypeError, ValueError) as e:
+        why = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise ValueError(f"{why} (--env {args.env!r}, --env_config {json.dumps(args.env_config)})") from None
+
+
+def make_consumer(args, layout: RecordLayout, start: Start, delivery: DeliveryConfig, checkpointer):
     """Acks a record once a durable checkpoint covers it (at once without checkpoints); the
     checkpoint's dedup set means a restart never trains a record twice."""
-    delivery = DeliveryConfig(args.ack_deadline_s, args.ack_extend_every_s, staleness.cfg.max_staleness)
     return RecordConsumer(
         args.records_subscription,
         {s.key for s in layout.shapes},
