@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -18,7 +19,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from localstack import processes
+from localstack import processes, reconcile
 from localstack.heldout import format_held_out, held_out_summary
 from localstack.live import Progress
 from localstack.processes import ProcessGroup
@@ -53,6 +54,17 @@ def parse_args(argv):
     p.add_argument("--env", default="calculator", help="calculator, guess or code (any registered name)")
     p.add_argument(
         "--tool_latency", default="fixed:0.5", help="per tool call: none, fixed:S, uniform:A:B, lognormal:M:S"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the learner checkpoint a previous run left in --workdir (default: start afresh)",
+    )
+    p.add_argument(
+        "--max_restarts",
+        type=int,
+        default=3,
+        help="times a dead rollout pipeline, and a dead Pub/Sub emulator, is started again (0: fail the run)",
     )
     p.add_argument("--policy_poll_s", type=float, default=0.5)
     p.add_argument("--max_wait_s", type=float, default=1.0)
@@ -100,7 +112,10 @@ def parse_args(argv):
     p.add_argument("--live", choices=("auto", "panel", "lines", "off"), default="auto", help="progress while it runs")
     p.add_argument("--learner_flags", default="", help="extra flags for trainer.task, e.g. '--learning_rate=0'")
     p.add_argument("--pipeline_flags", default="", help="extra flags for pipelines.rollout")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.max_restarts < 0:
+        p.error(f"--max_restarts must be >= 0, got {args.max_restarts}")
+    return args
 
 
 def rollout_command(project: str, requests_sub: str, records_topic: str, dead_topic: str, store, flags) -> list[str]:
@@ -159,6 +174,8 @@ def run_local(args) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="agentic-rl-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     summary_path, store = workdir / "summary.json", workdir / "policy-store"
+    if not args.resume:  # the learner would otherwise resume from a previous run's checkpoint
+        shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
     own_cpus = os.sched_getaffinity(0)
     if args.rollout_cpus:  # the emulator (a JVM) and everything else started here inherit it
         os.sched_setaffinity(0, cpu_set(args.rollout_cpus))
@@ -192,7 +209,7 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
         topics = {k: emu.create_topic(v) for k, v in TOPICS.items()}
         subs = {k: emu.create_subscription(f"{v}-sub", v) for k, v in TOPICS.items()}
         # Where the run's topics are, for a person (or a test) who wants to look or publish.
-        stack = {"host": emu.host, "project": emu.project, "topics": topics, "subscriptions": subs}
+        stack = {"host": emu.host, "project": emu.project, "topics": topics, "subscriptions": subs, "pid": emu.pid}
         (workdir / "emulator.json").write_text(json.dumps(stack, indent=2))
         env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
         py = sys.executable
@@ -227,6 +244,7 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
             f"--group_size={args.group_size}",
             f"--timeout_s={args.timeout_s}",
             f"--summary_path={summary_path}",
+            f"--checkpoint_dir={workdir / 'checkpoints'}",  # records are acked once one covers them
             f"--warmstart_steps={args.warmstart_steps}",
             f"--warmstart_batch={args.warmstart_batch}",
             f"--warmstart_tasks={args.warmstart_tasks}",
@@ -275,9 +293,17 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
             evaluator = None
             if evaluating:
                 evaluator = running.enter_context(ProcessGroup(eval_cmd, workdir / "evaluator.log", env))
+            restarts = {"pipeline": 0, "emulator": 0}
             while learner.poll() is None:
+                # Preemptible parts: a dead emulator or rollout job is started again (their
+                # lost requests are written off and redone by the learner's request timeout).
+                if not emu.alive():
+                    _may_restart(restarts, "emulator", args.max_restarts, emu.log_tail())
+                    emu.restart()
                 if pipeline.poll() is not None:
-                    raise DemoFailed(f"rollout pipeline exited with {pipeline.poll()}:\n{pipeline.log_tail()}")
+                    _may_restart(restarts, "pipeline", args.max_restarts, pipeline.log_tail())
+                    log_path = workdir / f"pipeline-restart-{restarts['pipeline']}.log"
+                    pipeline = running.enter_context(ProcessGroup(pipeline_cmd, log_path, env))
                 if time.monotonic() > deadline:
                     raise DemoFailed(f"learner still running after {args.timeout_s + 60}s:\n{learner.log_tail()}")
                 progress.update("training")
@@ -295,10 +321,22 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
     summary["eval_n"] = args.eval_n
     summary["demo_wall_s"] = round(time.monotonic() - started, 1)
     summary["workdir"] = str(workdir)
+    summary["restarts"] = restarts
+    rollout = reconcile.rollout_totals(workdir)  # the workers' last rows: written as they stopped
+    if rollout is not None and summary.get("accounting"):
+        summary["reconciliation"] = reconcile.reconcile(summary["accounting"], rollout, args.group_size)
     summary["pids"] = {"pipeline": pipeline.pid, "learner": learner.pid}
     if evaluating:
         summary["pids"]["evaluator"] = evaluator.pid
     return summary
+
+
+def _may_restart(restarts: dict, name: str, limit: int, log_tail: str) -> None:
+    """Counts a restart of `name`, or fails the run once it has used `limit` of them."""
+    if restarts[name] >= limit:
+        raise DemoFailed(f"the {name} died again after {limit} restarts (--max_restarts):\n{log_tail}")
+    restarts[name] += 1
+    print(f"warning: the {name} died; starting it again ({restarts[name]}/{limit})", file=sys.stderr, flush=True)
 
 
 def wait_for(proc: ProcessGroup, timeout_s: float, name: str, tick=lambda: None) -> None:
@@ -340,6 +378,10 @@ def print_summary(s: dict) -> None:
                 f"{'trajectories' if i == 0 else '':25}{line}",
                 file=sys.stdout if s["accounting"]["balanced"] else sys.stderr,
             )
+    if s.get("reconciliation"):
+        ok = s["reconciliation"]["reconciled"]
+        for i, line in enumerate(reconcile.format_reconciliation(s["reconciliation"], s["accounting"])):
+            print(f"{'rollout side' if i == 0 else '':25}{line}", file=sys.stdout if ok else sys.stderr)
     print(f"logs and policy store    {s['workdir']}")
     print(f"report                   {s['report']}")
     if (Path(s["workdir"]) / "trace.json").exists():

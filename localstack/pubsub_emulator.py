@@ -77,6 +77,10 @@ class PubSubEmulator(AppliesEnv):
         self._saved_env: dict[str, str | None] | None = None
         self._publisher = None
         self._subscriber = None
+        # What was made here, to make again after a restart (the emulator keeps all in memory).
+        self._topics: list[str] = []
+        self._subscriptions: dict[str, tuple[str, int]] = {}
+        self.restarts = 0
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -175,6 +179,27 @@ class PubSubEmulator(AppliesEnv):
                 )
             time.sleep(0.1)
 
+    def alive(self) -> bool:
+        """The emulator's process (gcloud's wrapper, java's parent) is still running."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Start the emulator again on the same port (after a crash, or to make one: it is
+        stopped first if running) and make its topics and subscriptions again. What they
+        held is gone, as it is from a real outage's point of view of in-flight work; the
+        clients' channels reconnect by themselves."""
+        if self.host is None:
+            raise RuntimeError("emulator not started")
+        port = int(self.host.rsplit(":", 1)[1])
+        self._kill_group()
+        time.sleep(down_s)
+        self._spawn_and_wait(self._check_installed(), port)
+        self.restarts += 1
+        for topic in self._topics:
+            self.create_topic(topic)
+        for name, (topic, ack_deadline_s) in self._subscriptions.items():
+            self.create_subscription(name, topic, ack_deadline_s)
+
     def log_tail(self, n_chars: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-n_chars:]
@@ -242,6 +267,8 @@ class PubSubEmulator(AppliesEnv):
         path = self.topic_path(name)
         with contextlib.suppress(gexc.AlreadyExists):
             self.publisher().create_topic(request={"name": path})
+        if name not in self._topics:
+            self._topics.append(name)
         return path
 
     def create_subscription(self, name: str, topic: str, ack_deadline_s: int = 60) -> str:
@@ -251,4 +278,5 @@ class PubSubEmulator(AppliesEnv):
             self.subscriber().create_subscription(
                 request={"name": path, "topic": self.topic_path(topic), "ack_deadline_seconds": int(ack_deadline_s)}
             )
+        self._subscriptions[name] = (topic, ack_deadline_s)
         return path

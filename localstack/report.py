@@ -346,14 +346,20 @@ def _files_section(wd: Path) -> list[str]:
     return lines + [""]
 
 
-def _accounting_section(acc: dict | None) -> list[str]:
-    """The learner's two trajectory balances (trainer/learning/accounting.py); a mismatch in bold."""
+def _accounting_section(acc: dict | None, joined: dict | None = None) -> list[str]:
+    """The learner's two trajectory balances (trainer/learning/accounting.py) and, joined to
+    them, the rollout side's counts (localstack/reconcile.py); a mismatch in bold."""
     lines = ["## Where every trajectory went", ""]
     if not acc:
         return lines + ["_Skipped: no accounting in the summary (a run from before it was kept)._", ""]
+    from localstack.reconcile import format_reconciliation
     from trainer.learning.accounting import format_accounting
 
-    lines += [f"- {line}" if not line.startswith("MISMATCH") else f"- **{line}**" for line in format_accounting(acc)]
+    bold = lambda line: f"- **{line}**" if line.startswith("MISMATCH") else f"- {line}"
+    lines += [bold(line) for line in format_accounting(acc)]
+    if joined:
+        lines += ["", "The rollout workers' counts, joined:", ""]
+        lines += [bold(line) for line in format_reconciliation(joined, acc)]
     return lines + [""]
 
 
@@ -365,7 +371,8 @@ def write_report(workdir, start_s: float | None = None, window_s: float = 20.0) 
     if not run.summary:
         lines += ["_No run_summary.json or summary.json: the learner's figures are missing._", ""]
     lines += ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in summary_rows(run)), ""]
-    lines += _accounting_section(run.summary.get("accounting") if run.summary else None)
+    summary = run.summary or {}
+    lines += _accounting_section(summary.get("accounting"), summary.get("reconciliation"))
     for name, title, plot in PLOTS:
         lines += _section(run, name, title, plot)
     traced = (run.workdir / "trace.json").exists()

@@ -24,6 +24,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 
 from pipelines.metrics import NAMESPACE
+from pipelines.telemetry import current as telemetry
 from pipelines.trajectory import Trajectory
 
 NS = NAMESPACE
@@ -57,7 +58,7 @@ class DedupFn(beam.DoFn):
     SEEN = ReadModifyWriteStateSpec("seen", SeenKeysCoder())
 
     def __init__(self, name: str, window_s: float, clock: Clock = time.time):
-        self.window_s, self.clock = window_s, clock
+        self.name, self.window_s, self.clock = name, window_s, clock
         self.count_in = Metrics.counter(NS, f"{name}_in")
         self.count_out = Metrics.counter(NS, f"{name}_out")
         self.dropped = Metrics.counter(NS, f"{name}_dropped")
@@ -79,6 +80,7 @@ class DedupFn(beam.DoFn):
         self.state_keys.update(len(seen))
         if duplicate:
             self.dropped.inc()
+            telemetry().count(f"trajectories_{self.name}_dropped")
             return
         self.count_out.inc()
         yield t

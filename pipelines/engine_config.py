@@ -25,6 +25,10 @@ class EngineConfig:
     request_shards: int = 4  # keys requests are spread over (state and timers are per key)
     max_new_tokens_per_turn: int = 32
     max_tokens: int = DEFAULT_MAX_TRAJECTORY_LEN  # a whole trajectory, prompt included: fits one record row
+    # An environment step (a tool call) past this ends its episode as `timeout`; so does a
+    # whole episode past episode_timeout_s.
+    step_timeout_s: float = 30.0
+    episode_timeout_s: float = 120.0
     policy_poll_s: float = 1.0
     # How long a worker waits for the first policy version, and for a request's minimum one.
     policy_wait_s: float = 300.0
@@ -42,7 +46,14 @@ class EngineConfig:
             v = getattr(self, name)
             if type(v) is not int or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        for name in ("commit_interval_s", "policy_poll_s", "policy_wait_s", "telemetry_every_s"):
+        for name in (
+            "commit_interval_s",
+            "policy_poll_s",
+            "policy_wait_s",
+            "telemetry_every_s",
+            "step_timeout_s",
+            "episode_timeout_s",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ValueError(f"{name} must be a positive finite number of seconds, got {v!r}")
@@ -58,4 +69,9 @@ class EngineConfig:
 
     @property
     def limits(self) -> EpisodeLimits:
-        return EpisodeLimits(max_new_tokens_per_turn=self.max_new_tokens_per_turn, max_tokens=self.max_tokens)
+        return EpisodeLimits(
+            max_new_tokens_per_turn=self.max_new_tokens_per_turn,
+            max_tokens=self.max_tokens,
+            step_timeout_s=self.step_timeout_s,
+            episode_timeout_s=self.episode_timeout_s,
+        )

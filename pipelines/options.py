@@ -29,6 +29,18 @@ class RolloutOptions(PipelineOptions):
         add_layout_arguments(parser)
         parser.add_argument("--max_new_tokens_per_turn", type=int, default=_ENGINE["max_new_tokens_per_turn"].default)
         parser.add_argument(
+            "--step_timeout_s",
+            type=float,
+            default=_ENGINE["step_timeout_s"].default,
+            help="an environment step (tool call) longer than this ends its episode as timeout",
+        )
+        parser.add_argument(
+            "--episode_timeout_s",
+            type=float,
+            default=_ENGINE["episode_timeout_s"].default,
+            help="a whole episode longer than this ends as timeout",
+        )
+        parser.add_argument(
             "--advantage_estimator",
             default=_ENGINE["advantage_estimator"].default,
             choices=sorted(ADVANTAGE_ESTIMATORS),
@@ -160,6 +172,8 @@ def engine_config(options: PipelineOptions) -> EngineConfig:
         request_shards=eng.request_shards,
         max_new_tokens_per_turn=opts.max_new_tokens_per_turn,
         max_tokens=layout_from_flags(opts).trajectory_len,  # an episode must fit one row
+        step_timeout_s=opts.step_timeout_s,
+        episode_timeout_s=opts.episode_timeout_s,
         policy_poll_s=opts.policy_poll_s,
         policy_wait_s=opts.policy_wait_s,
         advantage_estimator=opts.advantage_estimator,

@@ -243,7 +243,7 @@ class CountRecordsFn(beam.DoFn):
         if f.latency_ms is not None:
             self.latency.update(f.latency_ms)
         fill = f.record.num_tokens / (self.rows * f.seq_len)
-        telemetry().on_record(fill, f.latency_ms, f.reason)
+        telemetry().on_record(fill, f.latency_ms, f.reason, len(f.record.trajectories))
         trace.current().instant(
             "record flush",
             f"packer {f.seq_len}",

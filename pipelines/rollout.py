@@ -88,6 +88,7 @@ def run(argv=None) -> None:
     missing = [f for f in ("requests_subscription", "records_topic", "policy_root") if not getattr(opts, f)]
     if missing:
         raise SystemExit(f"missing required flags: {', '.join('--' + f for f in missing)}")
+    engine_config(options), packing_config(opts)  # bad settings refused before anything starts
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
     if runner in DIRECT_RUNNERS:
         memoise_dofn_specs()

@@ -52,9 +52,10 @@ class RolloutTelemetry:
                 self.latency_hist[int(np.searchsorted(LATENCY_EDGES_MS, ms, side="right"))] += 1
                 self._window["reward"].append(t.reward)
 
-    def on_record(self, fill: float, latency_ms: int | None, reason: str) -> None:
+    def on_record(self, fill: float, latency_ms: int | None, reason: str, trajectories: int = 0) -> None:
         with self._lock:
             self.totals["records"] += 1
+            self.totals["trajectories_packed"] += trajectories
             self.totals[f"flush_{reason}"] += 1
             self._window["fill"].append(fill)
             if latency_ms is not None:
@@ -129,7 +130,7 @@ class _NullTelemetry(RolloutTelemetry):
     def on_group(self, group) -> None:
         pass
 
-    def on_record(self, fill: float, latency_ms: int | None, reason: str) -> None:
+    def on_record(self, fill: float, latency_ms: int | None, reason: str, trajectories: int = 0) -> None:
         pass
 
     def count(self, name: str, n: int = 1) -> None:

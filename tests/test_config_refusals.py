@@ -52,7 +52,6 @@ DEMO, VERTEX, ENVIRONMENT = "localstack.demo", "trainer.cloud.vertex", "environm
 
 # Where a refusal comes too late: "refused only ..." (the xfail reason, and the doc's note).
 AFTER_MODEL = "after the learner has built its model"
-AFTER_HEARTBEAT = "after the DirectRunner heartbeat has started"
 AFTER_WATCHDOG = "after the demo has started its watchdog process"
 
 
@@ -198,58 +197,58 @@ TABLE: list[Row] = [
         "--advantage_estimator", "argument --advantage_estimator: invalid choice: 'ppo'"),
     row(R, "--overlong", "--overlong=wrap", CHOICE, "no rule for trajectories longer than the largest bucket",
         "--overlong", "argument --overlong: invalid choice: 'wrap'"),
-    row(R, "--rows", "--rows=0", "<= 0", "records of no rows", "rows", "rows must be a positive int",
-        late=AFTER_HEARTBEAT),
+    row(R, "--rows", "--rows=0", "<= 0", "records of no rows", "rows", "rows must be a positive int"),
     row(R, "--buckets", "--buckets=256,128", "not strictly increasing", "the bucket choice would be wrong",
-        "buckets", "buckets must be strictly increasing", late=AFTER_HEARTBEAT),
+        "buckets", "buckets must be strictly increasing"),
     row(R, "--seq_len", "--seq_len=0", "<= 0 (without --buckets)", "a record row with no room for a token",
-        "seq_len", "bucket sequence lengths must be positive ints", not_named=True, late=AFTER_HEARTBEAT),
+        "seq_len", "bucket sequence lengths must be positive ints", not_named=True),
     row(R, "--max_trajectory_len", "--max_trajectory_len=300", "> the largest bucket",
-        "episodes that would fit no record", "max_trajectory_len", "max_trajectory_len 300 exceeds the largest",
-        late=AFTER_HEARTBEAT),
+        "episodes that would fit no record", "max_trajectory_len", "max_trajectory_len 300 exceeds the largest"),
     row(R, "--engine_slots", "--engine_slots=0", "<= 0", "an engine that can decode no episode",
-        "slots", "slots must be a positive int", late=AFTER_HEARTBEAT),
+        "slots", "slots must be a positive int"),
     row(R, "--max_concurrent_groups", "--max_concurrent_groups=0", "<= 0", "a worker that runs no request",
-        "max_concurrent_groups", "max_concurrent_groups must be a positive int", late=AFTER_HEARTBEAT),
+        "max_concurrent_groups", "max_concurrent_groups must be a positive int"),
     row(R, "--request_shards", "--request_shards=0", "<= 0", "no keys to spread requests over",
-        "request_shards", "request_shards must be a positive int", late=AFTER_HEARTBEAT),
+        "request_shards", "request_shards must be a positive int"),
     row(R, "--max_new_tokens_per_turn", "--max_new_tokens_per_turn=0", "<= 0", "turns that generate nothing",
-        "max_new_tokens_per_turn", "max_new_tokens_per_turn must be a positive int", late=AFTER_HEARTBEAT),
+        "max_new_tokens_per_turn", "max_new_tokens_per_turn must be a positive int"),
     row(R, "--max_new_tokens_per_turn", "--max_new_tokens_per_turn=256", ">= the longest trajectory",
         "a turn that leaves no room for the prompt", "max_new_tokens_per_turn",
-        "max_new_tokens_per_turn (256) must be below max_tokens (256)", late=AFTER_HEARTBEAT),
+        "max_new_tokens_per_turn (256) must be below max_tokens (256)"),
     row(R, "--commit_interval_s", "--commit_interval_s=0", "not a positive finite number",
         "a commit timer that fires without pause, or never", "commit_interval_s",
-        "commit_interval_s must be a positive finite number of seconds", late=AFTER_HEARTBEAT),
+        "commit_interval_s must be a positive finite number of seconds"),
     row(R, "--policy_poll_s", "--policy_poll_s=0", "not a positive finite number",
         "polling the policy store without pause", "policy_poll_s",
-        "policy_poll_s must be a positive finite number of seconds", late=AFTER_HEARTBEAT),
+        "policy_poll_s must be a positive finite number of seconds"),
     row(R, "--policy_wait_s", "--policy_wait_s=-1", "not a positive finite number",
         "requests run before any policy exists", "policy_wait_s",
-        "policy_wait_s must be a positive finite number of seconds", late=AFTER_HEARTBEAT),
+        "policy_wait_s must be a positive finite number of seconds"),
     row(R, "--telemetry_every_s", "--telemetry_every_s=inf", "not a positive finite number",
         "telemetry rows never (or always) written", "telemetry_every_s",
-        "telemetry_every_s must be a positive finite number of seconds", late=AFTER_HEARTBEAT),
+        "telemetry_every_s must be a positive finite number of seconds"),
     row(R, "--num_shards", "--num_shards=0", "<= 0", "no packing keys: nothing is ever packed",
-        "num_shards", "num_shards must be a positive int", late=AFTER_HEARTBEAT),
+        "num_shards", "num_shards must be a positive int"),
     row(R, "--window_s", "--window_s=0", "not a positive finite number", "packing windows of no length",
-        "window_s", "window_s must be a positive finite number of seconds", late=AFTER_HEARTBEAT),
+        "window_s", "window_s must be a positive finite number of seconds"),
     row(R, "--max_wait_s", "--max_wait_s=nan", "not a positive finite number",
         "a flush timer that never fires: part-filled records wait forever", "max_wait_s",
-        "max_wait_s must be a positive finite number of seconds", late=AFTER_HEARTBEAT),
+        "max_wait_s must be a positive finite number of seconds"),
+    row(R, "--step_timeout_s", "--step_timeout_s=0", "not a positive finite number",
+        "every tool call would time out at once", "step_timeout_s",
+        "step_timeout_s must be a positive finite number of seconds"),
     row(R, "--dedup_window_s", "--dedup_window_s=0", "not a positive finite number",
         "ids forgotten at once: duplicates are packed again", "dedup_window_s",
-        "dedup_window_s must be a positive finite number of seconds", late=AFTER_HEARTBEAT),
+        "dedup_window_s must be a positive finite number of seconds"),
     row(R, "--allowed_lateness_s", "--allowed_lateness_s=-1", "< 0 or infinite",
         "a negative lateness, or per-key state kept forever", "allowed_lateness_s",
-        "allowed_lateness_s must be finite and >= 0", late=AFTER_HEARTBEAT),
+        "allowed_lateness_s must be finite and >= 0"),
     row(R, "--window_s", "--window_s=1", "< --max_wait_s", "the window end always comes first: a dead max_wait_s",
-        "window_s", "window_s (1.0) must be >= max_wait_s (2.0)", late=AFTER_HEARTBEAT),
+        "window_s", "window_s (1.0) must be >= max_wait_s (2.0)"),
     row(R, "--rows", "--rows=1024", "a record over the Pub/Sub message cap",
-        "records the topic cannot carry: the learner starves", "rows", "a 1024x256 record (up to 4096 trajectories)",
-        late=AFTER_HEARTBEAT),
+        "records the topic cannot carry: the learner starves", "rows", "a 1024x256 record (up to 4096 trajectories)"),
     row(R, "--rows", "--rows=65537", "rows x seq_len over the decoder's cell cap", "records no decoder accepts",
-        "rows", "record shape 65537x256 is over 16777216 cells", not_named=True, late=AFTER_HEARTBEAT),
+        "rows", "record shape 65537x256 is over 16777216 cells", not_named=True),
     # ---- the evaluator: python -m pipelines.evaluator -------------------------------
     row(E, "--out", (), "missing", "scores written nowhere", "--out",
         "the following arguments are required: --out", unset=("--out",)),
@@ -275,6 +274,8 @@ TABLE: list[Row] = [
     # ---- the demo: python -m localstack.demo ----------------------------------------
     row(DEMO, "--live", "--live=tv", CHOICE, "no such progress display", "--live",
         "argument --live: invalid choice: 'tv'"),
+    row(DEMO, "--max_restarts", "--max_restarts=-1", "< 0", "no number of restarts", "--max_restarts",
+        "--max_restarts must be >= 0"),
     row(DEMO, "--rollout_cpus", "--rollout_cpus=0,a", "not a comma-separated list of core numbers",
         "no cores to pin the rollout side to", "rollout_cpus", "invalid literal for int() with base 10: 'a'",
         not_named=True, late=AFTER_WATCHDOG),
@@ -675,3 +676,18 @@ if __name__ == "__main__":
         sys.exit("usage: python -m tests.test_config_refusals --write")
     DOC.write_text(render())
     print(f"wrote {DOC} ({len(TABLE)} rows)")
+
+
+def test_the_readme_table_lists_only_refusals_this_table_checks():
+    """README's short table ("Settings refused at start") must not promise a refusal that
+    is not a row here (rollout flags are marked "rollout", the rest are the learner's)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Settings refused at start", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `") or line.startswith("| rollout")]
+    assert len(rows) >= 10
+    for line in rows:
+        cell = line.split("|")[1]
+        process = ROLLOUT if cell.strip().startswith("rollout") else LEARNER
+        for flag in re.findall(r"`(--[a-z_]+)\*?`", cell):
+            have = {r.flag for r in TABLE if r.process == process}
+            assert any(f == flag or f.startswith(flag) for f in have), (process, flag)

@@ -119,8 +119,13 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     assert 0.0 <= s["mean_reward"] <= 1.0
     acc = s["accounting"]  # every requested trajectory is somewhere
     assert acc["balanced"], acc
-    assert acc["trained"] > 0 and acc["requested"] == s["requests_published"] * 4
-    assert "Where every trajectory went" in Path(s["report"]).read_text()
+    assert acc["trained"] > 0 and acc["requested"] == (s["requests_published"] + s["requests_redone"]) * 4
+    rec = s["reconciliation"]  # the rollout workers' own counts, joined to the learner's
+    assert rec["reconciled"], rec
+    assert rec["episodes"] >= rec["packed"] >= acc["received"] - acc["foreign"] > 0
+    assert rec["bad_requests"] == 1  # the saboteur's malformed request, below
+    report = Path(s["report"]).read_text()
+    assert "Where every trajectory went" in report and "The rollout workers' counts, joined" in report
     # The evaluator scored v0 and the final version, in both modes, beside the learner.
     for mode in ("sampled", "greedy"):
         held = s["held_out"][mode]
@@ -231,6 +236,7 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
     assert s["records_dropped_stale"] == 0 and s["trajectories_dropped_stale"] == 0  # no rollout wasted
     assert s["sync_lost_trajectories"] == 0
     assert s["accounting"]["balanced"], s["accounting"]
+    assert s["reconciliation"]["reconciled"], s["reconciliation"]
     # The capacity plan ran first (the demo's default); the pipeline and the learner took it.
     slots = s["plan"]["settings"]["engine_slots"]
     assert f"rollout worker ready: {slots} slots" in (workdir / "pipeline.log").read_text()
@@ -275,13 +281,18 @@ def test_a_signal_to_the_demo_stops_everything_it_started(tmp_path, sig):
     demo = subprocess.Popen([sys.executable, "-m", "localstack.demo", f"--workdir={workdir}", *flags])
     try:
         deadline = time.monotonic() + 180
-        while not (workdir / "pipeline.log").exists():  # emulator, learner and pipeline all started
-            assert demo.poll() is None and time.monotonic() < deadline, "demo did not get as far as the pipeline"
+        # Emulator, learner and pipeline all started; for SIGTERM, the learner has trained a step.
+        ready = workdir / ("logs/learner/metrics.jsonl" if sig == "SIGTERM" else "pipeline.log")
+        while not ready.exists():
+            assert demo.poll() is None and time.monotonic() < deadline, f"demo did not get as far as {ready}"
             time.sleep(0.5)
         assert _processes_mentioning(str(workdir)) and _processes_writing_under(workdir)  # they are running
         signum = getattr(signal, sig)
         demo.send_signal(signum)
         assert demo.wait(timeout=60) == (128 + signum if sig == "SIGTERM" else -signum)
+        if sig == "SIGTERM":  # the learner's teardown still summarised the run, accounting included
+            learner = json.loads((workdir / "summary.json").read_text())
+            assert learner["exit_code"] == 143 and learner["steps"] >= 1 and learner["accounting"]["balanced"]
         deadline = time.monotonic() + 10
         while (
             _processes_mentioning(str(workdir)) or _processes_writing_under(workdir)

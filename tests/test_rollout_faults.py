@@ -27,7 +27,6 @@ import pytest
 from flax import nnx
 
 from localstack.processes import ProcessGroup
-from pipelines.engine_config import EngineConfig
 from tests import _faulty_env
 from trainer.contracts import pubsub_io
 from trainer.contracts.records import KIND_ATTRIBUTE, decode
@@ -41,8 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHAPE = (2, 256)
 GROUP = 2
 STARTUP_S = 150  # the job's first records: JAX compile and Beam start on a loaded 2-core machine
-# The job's step timeout: EngineConfig.limits, not settable by a pipeline flag.
-STEP_TIMEOUT_S = EngineConfig(policy_root="unused").limits.step_timeout_s
+# The job's step timeout (--step_timeout_s): long enough that the good requests sent with
+# the hung ones are served while the hung steps still wait.
+STEP_TIMEOUT_S = 10.0
 
 
 def _name(prefix: str) -> str:
@@ -100,6 +100,7 @@ class Job:
             "--max_new_tokens_per_turn=8",
             "--max_wait_s=0.5",
             "--commit_interval_s=0.1",
+            f"--step_timeout_s={STEP_TIMEOUT_S}",
             *extra_flags,
         ]
         path = [str(_plugin_site(tmp_path)), str(REPO), os.environ.get("PYTHONPATH", "")]

@@ -207,8 +207,10 @@ def run(args) -> dict:
     if feeder:
         feeder.start()
     deadline = time.monotonic() + args.timeout_s
+    _Stop.graceful = True
+    going = lambda: learner.steps < args.max_steps and _Stop.requested is None
     try:
-        while learner.steps < args.max_steps:
+        while going():
             if time.monotonic() > deadline or (feeder and feeder.error):
                 reason = feeder.error if feeder and feeder.error else f"timeout after {args.timeout_s}s"
                 raise RuntimeError(f"learner stopped at step {learner.steps}: {reason}")
@@ -222,7 +224,7 @@ def run(args) -> dict:
             credits.returned(consumer.take_dropped())
             if feeder:
                 feeder.redo_timed_out()  # a request lost with a rollout worker is asked again
-            while learner.steps < args.max_steps and (batch := schedule.next_batch(publisher.version)):
+            while going() and (batch := schedule.next_batch(publisher.version)):
                 tel.data_ready()
                 looked_up = time.perf_counter_ns()
                 flops = learner.step_flops(batch)  # compiled once per shape, outside the timing
@@ -252,6 +254,7 @@ def run(args) -> dict:
                     row["staleness/mean"],
                 )
     finally:
+        _Stop.graceful = False
         if feeder:
             feeder.stop()
         if checkpointer is not None:
@@ -260,13 +263,28 @@ def run(args) -> dict:
         tel.close()
     summary = {**stats.summary(learner, start, publisher, consumer, feeder, staleness, layout), **schedule.summary()}
     summary["accounting"] = B.account(args, stats, parts, schedule)
+    summary["exit_code"] = _Stop.requested or 0
+    if _Stop.requested:
+        log.warning("stopped by a signal at step %d (exit code %d)", learner.steps, _Stop.requested)
     for line in format_accounting(summary["accounting"]):
         (log.info if summary["accounting"]["balanced"] else log.error)("trajectories: %s", line)
     return summary
 
 
+class _Stop:
+    """SIGTERM (a job timeout, a closed terminal). In the loop: the iteration finishes, so
+    every counter stays consistent, then the usual teardown and summary. Elsewhere (a warm
+    start, say): unwind at once."""
+
+    graceful = False
+    requested: int | None = None
+
+
 def _exit_on_signal(signum, _frame):
-    raise SystemExit(128 + signum)  # unwinds the loop: its finally closes the feeder and the telemetry
+    if _Stop.graceful:
+        _Stop.requested = 128 + signum
+        return
+    raise SystemExit(128 + signum)
 
 
 def main(argv=None) -> int:
@@ -284,7 +302,7 @@ def main(argv=None) -> int:
     if args.summary_path:
         with open(args.summary_path, "w") as f:
             json.dump(summary, f, indent=2)
-    return 0
+    return summary["exit_code"]
 
 
 if __name__ == "__main__":

@@ -73,8 +73,8 @@ class RecordConsumer:
                 if rec.shape not in self.shapes:
                     raise RecordError(f"record shape {rec.shape} is not a declared bucket shape {sorted(self.shapes)}")
             except RecordError as e:
-                self._reject(rm.message, str(e))
-                ack_now.append(rm.ack_id)
+                if self._reject(rm.message, str(e)):
+                    ack_now.append(rm.ack_id)  # else it comes back, to be dead-lettered again
                 continue
             fate = self.deliveries.accept(rec.record_id, rm.ack_id, rec.min_policy_version)
             if fate == "new":
@@ -146,16 +146,19 @@ class RecordConsumer:
             if not (isinstance(ids, list) and len(ids) == n and all(isinstance(i, str) and i for i in ids)):
                 raise ValueError(f"trajectory_ids must be {n} non-empty strings")
         except (KeyError, TypeError, ValueError) as e:  # JSONDecodeError is a ValueError
-            self._reject(message, f"bad notice: {e}")
+            self._reject(message, f"bad notice: {e}")  # a notice is acked either way: it holds no data
             return
         reason = message.attributes.get("reason", "unknown")[:64]
         self.dropped_trajectories[reason] = self.dropped_trajectories.get(reason, 0) + n
         self._unreleased_drops += ids
 
-    def _reject(self, message, error: str) -> None:
+    def _reject(self, message, error: str) -> bool:
+        """Dead-letters `message`; False when the dead-letter topic could not be reached."""
         self.rejected += 1
         log.error("rejected record message %s: %s", message.message_id, error)
-        if self.publisher is not None:
+        if self.publisher is None:
+            return True
+        try:
             pubsub_io.publish(
                 self.publisher,
                 self.dead_letter_topic,
@@ -163,6 +166,11 @@ class RecordConsumer:
                 error=error[:1000],
                 source_subscription=self.subscription,
             ).result(timeout=30)
+        except (*_TRANSIENT, TimeoutError) as e:
+            self.rejected -= 1  # counted when it is dead-lettered for good
+            self._failed("dead-letter publish", e)
+            return False
+        return True
 
     def close(self) -> None:
         """Acks what a durable checkpoint covers and nacks everything else still held, so

@@ -19,6 +19,8 @@ import threading
 import time
 import uuid
 
+from google.api_core import exceptions as gexc
+
 from trainer.contracts import pubsub_io
 from trainer.contracts.record_shape import RecordShape
 from trainer.contracts.rollout_request import RolloutRequest
@@ -213,6 +215,7 @@ class Feeder(threading.Thread):
         self.request_timeout_s = request_timeout_s  # None: never give up on a request
         self._redo: collections.deque = collections.deque()  # tasks of written-off requests
         self.redone = 0  # requests made again (not a step in the prompt stream)
+        self.publish_errors = 0
         self._sequence = itertools.count(start)
 
     def redo_timed_out(self) -> int:
@@ -242,7 +245,8 @@ class Feeder(threading.Thread):
                     min_policy_version=self.min_version(),
                 )
                 self.credits.opened(req)
-                pubsub_io.publish(publisher, self.topic, req.to_bytes()).result(timeout=30)
+                if not self._publish(publisher, req):
+                    return  # stopped while Pub/Sub was unreachable
                 if redo is None:
                     self.published += 1  # the prompt stream's position: what a resumed learner skips
                 else:
@@ -250,6 +254,22 @@ class Feeder(threading.Thread):
         except BaseException as e:
             self.error = e
             log.exception("feeder failed")
+
+    def _publish(self, publisher, req: RolloutRequest) -> bool:
+        """Publishes `req`, retrying with backoff while Pub/Sub is unreachable (an outage, a
+        restarting emulator); False if stopped first. A publish that timed out may still have
+        gone through: the copy runs twice and the pipeline's dedup keeps one."""
+        for attempt in itertools.count():
+            try:
+                pubsub_io.publish(publisher, self.topic, req.to_bytes()).result(timeout=30)
+                return True
+            except (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError) as e:
+                self.publish_errors += 1
+                wait_s = min(0.5 * 2**attempt, 10.0)
+                log.warning("publishing request %s failed (%s); retrying in %.1f s", req.request_id, e, wait_s)
+                if self.stop_event.wait(wait_s):
+                    return False
+        return False  # unreachable: the loop only ends by returning
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -107,6 +107,7 @@ class RunStats:
             "staleness_waits": staleness.waits,
             "requests_published": feeder.published if feeder else None,
             "requests_redone": feeder.redone if feeder else None,  # written off after request_timeout_s
+            "request_publish_errors": feeder.publish_errors if feeder else None,
             "compiled_train_steps": learner.compiled_variants(),
             "wall_s": round(wall, 2),
             "learner_duty_cycle": round(self.step_time_s / wall, 4) if wall else 0.0,
