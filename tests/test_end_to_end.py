@@ -278,13 +278,15 @@ def test_a_signal_to_the_demo_stops_everything_it_started(tmp_path, sig):
 
     workdir = tmp_path / "term"
     flags = ["--warmstart_steps=0", "--eval_n=0", "--max_steps=1000", "--plan=off", "--timeout_s=600"]
+    flags += ["--keep_zero_signal", "--batch_records=1"]  # random init: a first step soon, not never
     demo = subprocess.Popen([sys.executable, "-m", "localstack.demo", f"--workdir={workdir}", *flags])
     try:
         deadline = time.monotonic() + 180
         # Emulator, learner and pipeline all started; for SIGTERM, the learner has trained a step.
-        ready = workdir / ("logs/learner/metrics.jsonl" if sig == "SIGTERM" else "pipeline.log")
-        while not ready.exists():
-            assert demo.poll() is None and time.monotonic() < deadline, f"demo did not get as far as {ready}"
+        rows = workdir / "logs" / "learner" / scalars.JSONL
+        ready = (lambda: scalars.read_rows(rows)) if sig == "SIGTERM" else (workdir / "pipeline.log").exists
+        while not ready():
+            assert demo.poll() is None and time.monotonic() < deadline, "demo did not get as far as the pipeline"
             time.sleep(0.5)
         assert _processes_mentioning(str(workdir)) and _processes_writing_under(workdir)  # they are running
         signum = getattr(signal, sig)

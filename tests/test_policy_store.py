@@ -127,7 +127,10 @@ def test_gc_keeps_latest_and_newest(store):
         store.gc(keep=0)
 
 
-@pytest.mark.parametrize("content", ["", "{not json", '{"path": "x"}', '{"version": "3"}', '{"version": -2}', "[1]"])
+@pytest.mark.parametrize(
+    "content",
+    ["", "{not json", '{"path": "x"}', '{"version": "3"}', '{"version": -2}', "[1]", '{"version": "../../etc"}'],
+)
 def test_corrupt_latest_raises_store_error(store, content):
     store.publish(0, params_for(0))
     (store.root / LATEST).write_text(content)
@@ -135,6 +138,20 @@ def test_corrupt_latest_raises_store_error(store, content):
         store.latest_version()
     with pytest.raises(StoreError):
         store.load_latest(abstract(params_for(0)))
+
+
+def test_a_hostile_pointer_path_cannot_lead_outside_the_store(store, tmp_path):
+    """LATEST's "path" is for people: readers derive the directory from the version number
+    (an int, formatted), so a pointer naming another directory loads from the store anyway."""
+    store.publish(0, params_for(0))
+    elsewhere = PolicyStore(str(tmp_path / "elsewhere"))
+    elsewhere.publish(1, params_for(1))
+    pointer = json.loads((store.root / LATEST).read_text())
+    pointer["path"] = os.fspath(elsewhere.version_path(1))
+    (store.root / LATEST).write_text(json.dumps(pointer))
+    version, params = store.load_latest(abstract(params_for(0)))
+    assert version == 0
+    assert_tree_equal(params, params_for(0))
 
 
 def test_pointer_write_leaves_no_temp_files(store):

@@ -166,7 +166,9 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
     parts = SimpleNamespace(
         staleness=staleness,
         credits=SimpleNamespace(outstanding=7),
-        consumer=SimpleNamespace(rejected=0, duplicates=0),
+        consumer=SimpleNamespace(
+            rejected=0, duplicates=0, pubsub_errors=0, deliveries=SimpleNamespace(held={"r": 1}, consumed={"a": 0})
+        ),
         batches=SimpleNamespace(queues={(4, 256): [rec]}),
         feeder=None,
     )
