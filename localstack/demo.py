@@ -115,6 +115,13 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.max_restarts < 0:
         p.error(f"--max_restarts must be >= 0, got {args.max_restarts}")
+    for flag in ("learner_cpus", "rollout_cpus"):  # refused here, not once the watchdog runs
+        text = getattr(args, flag)
+        if text is None:
+            continue
+        cores = [c.strip() for c in text.split(",")]
+        if not all(c.isdigit() and int(c) < (os.cpu_count() or 1) for c in cores):
+            p.error(f"--{flag} must be comma-separated core numbers below {os.cpu_count()}, got {text!r}")
     return args
 
 

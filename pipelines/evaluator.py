@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def held_out_tasks(args) -> list:
     environments.load_entry_points()
+    if args.env not in environments.names():
+        raise ValueError(f"unknown environment {args.env!r} (--env); known: {environments.names()}")
     if not args.data_dir:
         return environments.make_tasks(args.env, args.task_seed, args.n, "test")
     from environments import datasets

@@ -78,7 +78,9 @@ class PackingConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for shape in self.shapes:
             if shape.rows * shape.seq_len > records.MAX_ELEMENTS:
-                raise ValueError(f"record shape {shape.rows}x{shape.seq_len} is over {records.MAX_ELEMENTS} cells")
+                raise ValueError(
+                    f"record shape {shape.rows}x{shape.seq_len} is over {records.MAX_ELEMENTS} cells (rows x seq_len)"
+                )
             if record_bytes_upper_bound(shape) > records.MAX_MESSAGE_BYTES:
                 raise ValueError(
                     f"a {shape.rows}x{shape.seq_len} record (up to {shape.max_trajectories} trajectories) can take "

@@ -85,7 +85,7 @@ class LearnerJobConfig:
             if self.topology_chips % int(tpu.group(1)):
                 raise ValueError(
                     f"topology {self.tpu_topology} ({self.topology_chips} chips) does not fill "
-                    f"{self.machine_type} hosts of {tpu.group(1)} chips"
+                    f"{self.machine_type} hosts of {tpu.group(1)} chips (tpu_topology)"
                 )
 
     @property

@@ -69,7 +69,7 @@ class RecordLayout:
         if not b:
             raise ValueError("buckets must list at least one sequence length")
         if any(type(x) is not int or x <= 0 for x in b):
-            raise ValueError(f"bucket sequence lengths must be positive ints, got {b}")
+            raise ValueError(f"bucket sequence lengths must be positive ints, got {b} (--buckets, or --seq_len)")
         if any(x >= y for x, y in itertools.pairwise(b)):
             raise ValueError(f"buckets must be strictly increasing (sorted, no duplicates), got {b}")
         _positive_int("rows", self.rows)

@@ -27,7 +27,9 @@ class Sampler:
         self, cfg: ModelConfig, slots: int, length: int, prefill: int = 16, seed: int = 0, greedy: bool = False
     ):
         if length > cfg.max_seq_len:
-            raise ValueError(f"sampler length {length} exceeds the model's max_seq_len {cfg.max_seq_len}")
+            raise ValueError(
+                f"sampler length {length} exceeds the model's max_seq_len {cfg.max_seq_len} (lower max_tokens)"
+            )
         if slots < 1 or prefill < 1:
             raise ValueError(f"need slots >= 1 and prefill >= 1, got {slots}, {prefill}")
         self.cfg, self.slots, self.length, self.prefill, self.greedy = cfg, slots, length, prefill, greedy
