@@ -20,13 +20,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from localstack import processes, reconcile
-from localstack.heldout import format_held_out, held_out_summary
+from localstack.heldout import held_out_summary
 from localstack.live import Progress
 from localstack.processes import ProcessGroup
 from localstack.pubsub_emulator import PubSubEmulator
+from localstack.summary import print_summary
 from trainer.contracts.record_shape import RecordLayout
 from trainer.contracts.store import LATEST
-from trainer.learning.accounting import format_accounting
 from trainer.telemetry import trace
 from trainer.telemetry.scalars import read_rows
 
@@ -355,45 +355,6 @@ def wait_for(proc: ProcessGroup, timeout_s: float, name: str, tick=lambda: None)
         time.sleep(0.5)
     if proc.poll() != 0:
         raise DemoFailed(f"{name} exited with {proc.poll()}:\n{proc.log_tail()}")
-
-
-def print_summary(s: dict) -> None:
-    print("\n=== agentic RL demo: summary ===")
-    print(f"learner steps            {s['steps']}")
-    print(f"policy versions          {s['policy_versions_published']}")
-    print(
-        f"records consumed         {s['records_consumed']}  (shapes {s['declared_record_shapes']}; "
-        f"rejected {s['records_rejected']}, duplicates {s['records_duplicate']})"
-    )
-    print(f"tokens consumed          {s['tokens_consumed']}  ({s['loss_tokens_consumed']} policy tokens)")
-    print(f"trajectories             {s['trajectories']}  {s['episode_status']}")
-    print(f"mean reward              {s['mean_reward']}")
-    print(f"records by policy ver.   {s['records_by_max_policy_version']}")
-    print(f"wall time                {s['wall_s']} s, learner duty cycle {s['learner_duty_cycle']}")
-    print(f"whole demo               {s['demo_wall_s']} s (warm start {s['warmstart_s']} s)")
-    if s.get("plan"):
-        p, a = s["plan"]["settings"], s["plan"]["predicted"]["sync" if s.get("schedule") == "sync" else "async"]
-        print(
-            f"capacity plan            {p['max_in_flight']} trajectories in flight, staleness bound "
-            f"{p['max_staleness']}: predicted duty cycle {a['duty_cycle']:.2f} (bound by {a['binds']})"
-        )
-    for line in format_held_out(s.get("held_out", {}), s.get("eval_n")):
-        print(line)
-    if s.get("accounting"):
-        for i, line in enumerate(format_accounting(s["accounting"])):
-            print(
-                f"{'trajectories' if i == 0 else '':25}{line}",
-                file=sys.stdout if s["accounting"]["balanced"] else sys.stderr,
-            )
-    if s.get("reconciliation"):
-        ok = s["reconciliation"]["reconciled"]
-        for i, line in enumerate(reconcile.format_reconciliation(s["reconciliation"], s["accounting"])):
-            print(f"{'rollout side' if i == 0 else '':25}{line}", file=sys.stdout if ok else sys.stderr)
-    print(f"logs and policy store    {s['workdir']}")
-    print(f"report                   {s['report']}")
-    if (Path(s["workdir"]) / "trace.json").exists():
-        print(f"timeline                 {Path(s['workdir']) / 'trace.json'}  (open in https://ui.perfetto.dev)")
-    print(f"TensorBoard              tensorboard --logdir {Path(s['workdir']) / 'logs'}")
 
 
 class Stopped(BaseException):

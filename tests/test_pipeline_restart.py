@@ -108,8 +108,8 @@ def test_a_request_that_never_comes_back_is_asked_again(pubsub_emulator, unique_
     name = unique_name("requests")
     topic, sub = emu.create_topic(name), emu.create_subscription(name + "-sub", name)
     tasks = environments.make_tasks("calculator", 0, 3, "train")
-    credits = TrajectoryCredits(8)  # two requests of 4
-    feeder = Feeder(topic, tasks, credits, 4, "calculator", request_timeout_s=1.0)
+    credits = TrajectoryCredits(8, request_timeout_s=1.0)  # two requests of 4
+    feeder = Feeder(topic, tasks, credits, 4, "calculator")
     feeder.start()
     try:
         first = _pull_requests(emu, sub, 2)

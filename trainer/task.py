@@ -207,7 +207,7 @@ def run(args) -> dict:
     if feeder:
         feeder.start()
     deadline = time.monotonic() + args.timeout_s
-    _Stop.graceful = True
+    _Stop.graceful, _Stop.requested = True, None
     going = lambda: learner.steps < args.max_steps and _Stop.requested is None
     try:
         while going():

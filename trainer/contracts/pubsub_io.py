@@ -105,9 +105,8 @@ def pull(
 
 def ack(subscriber: pubsub_v1.SubscriberClient, subscription: str, ack_ids: Sequence[str]) -> None:
     """Acknowledge ``ack_ids``; a no-op for an empty sequence (the API refuses it)."""
-    ids = list(ack_ids)
-    for i in range(0, len(ids), 1000):
-        subscriber.acknowledge(request={"subscription": subscription, "ack_ids": ids[i : i + 1000]})
+    for chunk in _chunks(ack_ids):
+        subscriber.acknowledge(request={"subscription": subscription, "ack_ids": chunk})
 
 
 def modify_ack_deadline(
@@ -115,11 +114,16 @@ def modify_ack_deadline(
 ) -> None:
     """Extend (or, with 0, give up: a nack) the ack deadline of ``ack_ids``, in chunks the
     API accepts; a no-op for an empty sequence."""
-    ids = list(ack_ids)
-    for i in range(0, len(ids), 1000):
+    for chunk in _chunks(ack_ids):
         subscriber.modify_ack_deadline(
-            request={"subscription": subscription, "ack_ids": ids[i : i + 1000], "ack_deadline_seconds": int(seconds)}
+            request={"subscription": subscription, "ack_ids": chunk, "ack_deadline_seconds": int(seconds)}
         )
+
+
+def _chunks(ack_ids: Sequence[str], size: int = 1000) -> list[list[str]]:
+    """Requests of at most `size` ack ids (the API's limit is per request)."""
+    ids = list(ack_ids)
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
 def publish(publisher: pubsub_v1.PublisherClient, topic: str, data: bytes, **attributes: str):

@@ -205,7 +205,7 @@ def make_credits(args, layout: RecordLayout) -> TrajectoryCredits:
         request_timeout_s=None if args.sync else args.request_timeout_s,
     )
     log.info("feeder credits: %d trajectories in flight (%.2f batches ahead)", cfg.window, cfg.batches_ahead)
-    return TrajectoryCredits(cfg.window, rounds=args.sync)
+    return TrajectoryCredits(cfg.window, rounds=args.sync, request_timeout_s=cfg.request_timeout_s)
 
 
 def read_plan(args) -> dict | None:
@@ -253,7 +253,6 @@ def make_feeder(args, tasks, credits, staleness: StalenessControl, publisher: Po
         args.env_config,
         min_version=lambda: staleness.cfg.min_request_version(publisher.version),
         start=start.feeder_position,
-        request_timeout_s=None if args.sync else args.request_timeout_s,  # validated by make_credits
     )
 
 

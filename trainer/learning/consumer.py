@@ -48,7 +48,9 @@ class RecordConsumer:
         self.deliveries = Deliveries(delivery, consumed)
         self.durable = durable
         self.accepted = self.duplicates = self.rejected = 0
-        self.pubsub_errors = 0  # pulls, acks and extensions that failed; each retried later
+        # Failed pulls, acks, extensions and dead-letter publishes. A failed ack is not retried:
+        # the message comes back, and the dedup set (or its held entry) absorbs it.
+        self.pubsub_errors = 0
         self.dropped_trajectories: dict[str, int] = {}  # by reason, from the pipeline's drop notices
         self._unreleased_drops: list[str] = []
         self._backoff_s = 0.0
@@ -96,11 +98,6 @@ class RecordConsumer:
         """Call as a checkpoint save begins: the dedup set it must hold (record id -> oldest
         policy version); what is settled now is acked once the save is durable."""
         return self.deliveries.checkpoint(learner_version)
-
-    @property
-    def seen_ids(self) -> set[str]:
-        """Ids this learner will not train again: consumed, or held right now."""
-        return set(self.deliveries.consumed) | set(self.deliveries.held)
 
     def _acknowledge(self) -> None:
         d = self.deliveries

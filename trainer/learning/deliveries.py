@@ -92,8 +92,7 @@ class Deliveries:
     def checkpoint(self, learner_version: int) -> dict[str, int]:
         """A save is about to begin: what is settled now is covered by it. Forgets ids past
         the staleness horizon; returns the dedup set the checkpoint must hold."""
-        for held in self.held.values():
-            held.covered = held.covered or held.settled
+        self._cover_settled()
         floor = learner_version - self.cfg.max_staleness
         old = [rid for rid, v in self.consumed.items() if 0 <= v < floor and rid not in self.held]
         for rid in old:
@@ -109,9 +108,12 @@ class Deliveries:
     def take_settled(self) -> list[str]:
         """Ack ids of every settled record, covered or not: for a learner without checkpoints,
         where a record is as durable as it will ever be once it is settled."""
+        self._cover_settled()
+        return self.take_covered()
+
+    def _cover_settled(self) -> None:
         for held in self.held.values():
             held.covered = held.covered or held.settled
-        return self.take_covered()
 
     def due_for_extension(self) -> list[str]:
         """Every held ack id, when the last extension is extend_every_s old; else []."""

@@ -94,8 +94,9 @@ class TrajectoryCredits:
     a dead-lettered request) can be written off and redone (`expire`) instead of holding its
     credits for ever; a late arrival of a written-off request releases nothing twice."""
 
-    def __init__(self, window: int, rounds: bool = False, clock=time.monotonic):
+    def __init__(self, window: int, rounds: bool = False, request_timeout_s: float | None = None, clock=time.monotonic):
         self.window, self.rounds, self.clock = window, rounds, clock
+        self.request_timeout_s = request_timeout_s  # CreditConfig's; None: never give up on a request
         self.outstanding = 0
         self._round_left = window
         self._cond = threading.Condition()
@@ -145,9 +146,12 @@ class TrajectoryCredits:
                     del self._open[rid]
             self._cond.notify_all()
 
-    def expire(self, timeout_s: float) -> list[RolloutRequest]:
-        """Requests open for longer than `timeout_s`: written off (their credits back) and
-        returned, to be redone."""
+    def expire(self, timeout_s: float | None = None) -> list[RolloutRequest]:
+        """Requests open for longer than `timeout_s` (default: request_timeout_s): written off
+        (their credits back) and returned, to be redone."""
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        if timeout_s is None:
+            return []
         now, out = self.clock(), []
         with self._cond:
             for rid, (left, opened_at, request) in list(self._open.items()):
@@ -200,7 +204,6 @@ class Feeder(threading.Thread):
         env_config: dict | None = None,
         min_version=lambda: 0,
         start: int = 0,
-        request_timeout_s: float | None = None,
     ):
         super().__init__(name="feeder", daemon=True)
         self.min_version = min_version  # () -> the oldest policy version a new request may use
@@ -212,22 +215,18 @@ class Feeder(threading.Thread):
         self.published = self.start_position = start  # requests made before a restart are not this run's
         self.error: BaseException | None = None
         self._run_id = uuid.uuid4().hex[:8]
-        self.request_timeout_s = request_timeout_s  # None: never give up on a request
         self._redo: collections.deque = collections.deque()  # tasks of written-off requests
         self.redone = 0  # requests made again (not a step in the prompt stream)
         self.publish_errors = 0
         self._sequence = itertools.count(start)
 
     def redo_timed_out(self) -> int:
-        """Writes off requests older than request_timeout_s and queues their tasks again; the
-        number of requests written off."""
-        if self.request_timeout_s is None:
-            return 0
-        expired = self.credits.expire(self.request_timeout_s)
+        """Writes off requests older than the credits' request_timeout_s and queues their tasks
+        again; the number of requests written off."""
+        expired = self.credits.expire()
         for req in expired:
-            log.warning(
-                "request %s not back after %.0f s: written off, asked again", req.request_id, self.request_timeout_s
-            )
+            timeout_s = self.credits.request_timeout_s
+            log.warning("request %s not back after %.0f s: written off, asked again", req.request_id, timeout_s)
             self._redo.append(req.task)
         return len(expired)
 
@@ -269,7 +268,6 @@ class Feeder(threading.Thread):
                 log.warning("publishing request %s failed (%s); retrying in %.1f s", req.request_id, e, wait_s)
                 if self.stop_event.wait(wait_s):
                     return False
-        return False  # unreachable: the loop only ends by returning
 
     def stop(self) -> None:
         self.stop_event.set()
