@@ -23,7 +23,7 @@ system-deps:
 	  fi; }
 
 demo: $(STAMP) system-deps
-	$(PY) -m localstack.demo $(ARGS)
+	$(PY) -m localstack.launch.demo $(ARGS)
 
 # Architecture (import-linter), lint and format (ruff), then the tests.
 lint: $(STAMP)

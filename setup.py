@@ -8,7 +8,10 @@ setup(
     version="0.1.0",
     description="Decoupled agentic RL: Beam rollouts, Pub/Sub buffer, JAX learner.",
     python_requires=">=3.11,<3.13",
-    packages=find_packages(include=["environments*", "pipelines*", "trainer*", "localstack*"]),
+    packages=find_packages(
+        include=["agentic_rl*", "core*", "environments*", "rollout*", "pipelines*", "trainer*", "localstack*"]
+    ),
+    entry_points={"console_scripts": ["agentic-rl = agentic_rl.cli:main"]},
     install_requires=[
         "apache-beam[gcp]>=2.77,<2.78",
         "jax>=0.10,<0.11",

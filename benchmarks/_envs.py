@@ -14,8 +14,8 @@ import asyncio
 import dataclasses
 
 import environments
+from core.policy import tokenizer
 from environments import Environment, EpisodeStatus, StepResult, Task
-from trainer.policy import tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ def pct(xs: list[float], q: float) -> float:
 def make_records(first_seed: int, n: int, rows: int, seq_len: int):
     from _learner_data import random_record
 
-    from trainer.policy.config import ModelConfig
+    from core.policy.config import ModelConfig
 
     vocab = ModelConfig().vocab_size
     return [random_record(first_seed + i, rows=rows, seq_len=seq_len, vocab=vocab) for i in range(n)]
@@ -32,8 +32,8 @@ def make_records(first_seed: int, n: int, rows: int, seq_len: int):
 
 def publish_records(emu, topic: str, records) -> tuple[float, int]:
     """Publish encoded records with their attributes; returns (seconds, bytes)."""
-    from trainer.contracts import pubsub_io
-    from trainer.contracts.records import attributes, encode
+    from core.contracts import pubsub_io
+    from core.contracts.records import attributes, encode
 
     payloads = [(encode(r), attributes(r)) for r in records]
     t0 = time.perf_counter()
@@ -44,7 +44,7 @@ def publish_records(emu, topic: str, records) -> tuple[float, int]:
 
 
 class PhaseTimer:
-    """Wraps trainer.contracts.pubsub_io.pull / ack and trainer.learning.consumer.decode with timers (the
+    """Wraps core.contracts.pubsub_io.pull / ack and trainer.learning.consumer.decode with timers (the
     consumer looks them up at call time, so the real poll runs with the wrappers)."""
 
     def __init__(self):
@@ -53,7 +53,7 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def installed(self):
-        from trainer.contracts import pubsub_io
+        from core.contracts import pubsub_io
         from trainer.learning import consumer
 
         orig = pubsub_io.pull, pubsub_io.ack, consumer.decode
@@ -95,7 +95,7 @@ class StepCall:
     state are donated by the call."""
 
     def __init__(self, learner, records):
-        from trainer.policy.model import abstract_tree
+        from core.policy.model import abstract_tree
 
         jitted, seen = learner._step, []
 

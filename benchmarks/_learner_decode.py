@@ -18,7 +18,7 @@ from _report import print_table  # noqa: E402
 
 # ----------------------------------------------------------------------------- 3. decode
 def bench_decode(args) -> None:
-    from trainer.contracts.records import decode, encode
+    from core.contracts.records import decode, encode
 
     rows = []
     for shape in ((4, 256), (8, 512)):
@@ -57,7 +57,7 @@ def bench_decode(args) -> None:
             ]
         )
     print_table(
-        f"3a. trainer.contracts.records.decode alone, in-process ({args.decode_n} decodes per shape)",
+        f"3a. core.contracts.records.decode alone, in-process ({args.decode_n} decodes per shape)",
         [
             "shape",
             "kB/record",

@@ -21,7 +21,7 @@ def forward_ms(learner, device_batches, n: int) -> float:
     import jax
     from flax import nnx
 
-    from trainer.policy.model import token_logprobs
+    from core.policy.model import token_logprobs
 
     @jax.jit
     def fwd(params, batch):
@@ -49,8 +49,8 @@ def bench_profile(args) -> None:
 
     import jax
 
+    from core.policy.config import ModelConfig
     from trainer.learning.learner import Learner, LearnerConfig
-    from trainer.policy.config import ModelConfig
 
     shape, b, n = (args.rows, args.seq_len), args.batch_records, args.profile_steps
     learner = Learner(ModelConfig(), LearnerConfig(batch_records=b))

@@ -30,11 +30,11 @@ import apache_beam as beam
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from localstack.plan import synthetic_trajectory
+from core.contracts import records
+from core.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
+from localstack.launch.plan import synthetic_trajectory
 from pipelines.pack_transform import PackTrajectoryGroups
 from pipelines.packing_config import PackingConfig
-from trainer.contracts import records
-from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 
 
 class ParseGroupFn(beam.DoFn):

@@ -16,10 +16,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np
 from _report import print_table
 
-from pipelines.engine import InferenceEngine, Sequence
-from trainer.policy import tokenizer
-from trainer.policy.config import ModelConfig
-from trainer.policy.sampling import Sampler
+from core.policy import tokenizer
+from core.policy.config import ModelConfig
+from core.policy.sampling import Sampler
+from rollout.engine import InferenceEngine, Sequence
 
 LENGTH = 256  # sampler KV length = the model's max_seq_len
 

@@ -22,9 +22,9 @@ from _report import fmt, print_table
 from _rollout_decode import Samplers, never
 
 import environments
-from pipelines.engine import InferenceEngine, Sequence
-from trainer.policy import tokenizer
-from trainer.policy.sampling import Sampler
+from core.policy import tokenizer
+from core.policy.sampling import Sampler
+from rollout.engine import InferenceEngine, Sequence
 
 
 # ----------------------------------------------------------------------------- 1. latency

@@ -19,7 +19,7 @@ import numpy as np
 from _envs import oracle_lengths
 from _report import print_table
 
-from trainer.contracts.record_shape import RecordShape
+from core.contracts.record_shape import RecordShape
 
 LENGTH = 256  # record row length = the sampler KV length in benchmarks/rollout.py
 
@@ -42,7 +42,7 @@ def length_pools(n_per_env: int) -> dict[str, list[int]]:
 
 
 def _traj(tid: str, n: int):
-    from pipelines.trajectory import Trajectory
+    from core.contracts.trajectory import Trajectory
 
     mask = np.zeros(n, np.uint8)
     mask[n // 3 :] = 1
@@ -222,9 +222,9 @@ def _pct(x):
 
 # ----------------------------------------------------------------------------- 4. flush latency
 def bench_flush(args, lengths: list[int]) -> None:
-    from localstack.processes import ProcessGroup
-    from localstack.pubsub_emulator import PubSubEmulator
-    from trainer.contracts import pubsub_io, records
+    from core.contracts import pubsub_io, records
+    from localstack.emulators.pubsub import PubSubEmulator
+    from localstack.launch.processes import ProcessGroup
 
     shape = (args.flush_rows, LENGTH)
     workdir = tempfile.mkdtemp(prefix="bench-flush-")

@@ -27,11 +27,11 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from localstack.demo import rollout_command
-from localstack.processes import ProcessGroup
-from localstack.pubsub_emulator import PubSubEmulator
-from trainer.contracts import pubsub_io
-from trainer.contracts.records import decode
+from core.contracts import pubsub_io
+from core.contracts.records import decode
+from localstack.emulators.pubsub import PubSubEmulator
+from localstack.launch.demo import rollout_command
+from localstack.launch.processes import ProcessGroup
 
 
 def _write_frames(path: Path, payloads: list[bytes]) -> None:
@@ -156,8 +156,8 @@ def _drain(emu, sub, credits, pipeline, workdir: Path, warm_s: float, measure_s:
 def learner_alone(records_path: Path, batch_records: int, seconds: float) -> dict:
     """Back-to-back train steps on the rollout side's own records for `seconds` after the
     compile (this process's cores)."""
+    from core.policy.config import ModelConfig
     from trainer.learning.learner import Learner, LearnerConfig
-    from trainer.policy.config import ModelConfig
 
     recs = [decode(p) for p in _read_frames(records_path)]
     if len(recs) < batch_records:

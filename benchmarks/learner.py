@@ -5,9 +5,9 @@ record decode and consumer poll throughput.
     python benchmarks/learner.py --quick    # a short run of everything (~1.5-2 min)
     python benchmarks/learner.py --sections steps,decode
 
-Tiny model (trainer.policy.config.ModelConfig() defaults, random init), JAX on CPU. Records are
+Tiny model (core.policy.config.ModelConfig() defaults, random init), JAX on CPU. Records are
 built by tests/_learner_data.random_record (1-3 segments per row, a 4-token prompt
-then generated tokens), encoded with trainer.contracts.records.encode and attributes().
+then generated tokens), encoded with core.contracts.records.encode and attributes().
 
 1. ceiling: start the Pub/Sub emulator, pre-fill a subscription with --records packed
    records of [--rows, --seq_len], then run the real loop of trainer/task.py without the
@@ -15,7 +15,7 @@ then generated tokens), encoded with trainer.contracts.records.encode and attrib
    Learner.train_step(batch_records records) until every record is trained. The step is
    compiled beforehand on other records (compile time shown apart). Duty cycle = time
    inside train_step / wall time of the loop. pull / decode / ack are timed by wrapping
-   trainer.contracts.pubsub_io.pull, trainer.contracts.pubsub_io.ack and trainer.learning.consumer.decode.
+   core.contracts.pubsub_io.pull, core.contracts.pubsub_io.ack and trainer.learning.consumer.decode.
 2. steps: Learner.train_step at batch_records 1, 2, 4, 8 after warm-up: mean/p50/p95 of
    the whole call (stack the records, host->device, jitted step, metrics to floats), the
    jitted step alone on a device-resident batch (block_until_ready), tokens/s, and
@@ -24,7 +24,7 @@ then generated tokens), encoded with trainer.contracts.records.encode and attrib
    and the model's forward alone for comparison.
    profile: a jax.profiler trace of a few steps at --batch_records; XLA op CPU time by op
    kind, forward+update against backward.
-3. decode: trainer.contracts.records.decode alone (in-process) for [4,256] and [8,512] records,
+3. decode: core.contracts.records.decode alone (in-process) for [4,256] and [8,512] records,
    with the share spent in PackedRecord.validate; then RecordConsumer.poll throughput
    (messages pulled + decoded + acked per second) from a pre-filled subscription
    (section "poll"), at max_messages 10 (what trainer/task.py asks for) and 100.
@@ -56,9 +56,9 @@ SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
 
 # ----------------------------------------------------------------------------- 1. ceiling
 def bench_ceiling(args, emu) -> None:
+    from core.policy.config import ModelConfig
     from trainer.learning.consumer import RecordConsumer
     from trainer.learning.learner import Learner, LearnerConfig
-    from trainer.policy.config import ModelConfig
 
     shape = (args.rows, args.seq_len)
     name = f"bench-ceiling-{os.getpid()}"
@@ -170,8 +170,8 @@ def bench_ceiling(args, emu) -> None:
 def bench_steps(args) -> None:
     import jax
 
+    from core.policy.config import ModelConfig
     from trainer.learning.learner import Learner, LearnerConfig, batch_from_records
-    from trainer.policy.config import ModelConfig
 
     shape = (args.rows, args.seq_len)
     pool = make_records(300_000, max(args.batch_sizes) * 2, *shape)
@@ -299,7 +299,7 @@ def main(argv=None) -> int:
     if "decode" in args.sections:
         bench_decode(args)
     if {"ceiling", "poll"} & set(args.sections):
-        from localstack.pubsub_emulator import PubSubEmulator
+        from localstack.emulators.pubsub import PubSubEmulator
 
         t0 = time.perf_counter()
         with PubSubEmulator() as emu:

@@ -26,14 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _report import loadavg, machine_info, print_table
 
-from localstack.demo import parse_args, run_local
-from localstack.heldout import curve, held_out_summary
-from trainer.telemetry.scalars import read_rows
+from core.telemetry.scalars import read_rows
+from localstack.launch.demo import parse_args, run_local
+from localstack.reports.heldout import curve, held_out_summary
 
 
 def run_job(name: str, workdir: Path, flags: list[str]) -> dict:
     t0 = time.monotonic()
-    print(f"--- {name}: localstack.demo {' '.join(flags)}", flush=True)
+    print(f"--- {name}: localstack.launch.demo {' '.join(flags)}", flush=True)
     summary = run_local(parse_args([f"--workdir={workdir}", *flags]))
     rows = read_rows(workdir / "eval.jsonl")
     job = {"name": name, "flags": flags, "wall_s": round(time.monotonic() - t0, 1), "summary": summary, "rows": rows}

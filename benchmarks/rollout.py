@@ -4,7 +4,7 @@
     python benchmarks/rollout.py --quick    # a short run of everything (~2-3 min)
     python benchmarks/rollout.py --sections decode,latency
 
-Sections (tiny model: trainer.policy.config.ModelConfig() defaults, random init, JAX on CPU):
+Sections (tiny model: core.policy.config.ModelConfig() defaults, random init, JAX on CPU):
 
 1. latency: a scripted environment (benchmarks/_envs.py) whose every step waits
    --tool_latency_s and that is done after --env_steps steps; every model turn generates
@@ -40,9 +40,9 @@ from _rollout_decode import LENGTH, Samplers, bench_decode, decode_caps
 from _rollout_latency import bench_latency, profile_c64
 from _rollout_packing import bench_flush, bench_packing, length_pools, sample_stream
 
-from trainer.contracts.record_shape import DEFAULT_MAX_SEGMENTS_PER_ROW
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params
+from core.contracts.record_shape import DEFAULT_MAX_SEGMENTS_PER_ROW
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params
 
 SECTIONS = ("decode", "latency", "packing", "flush")
 

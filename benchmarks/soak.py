@@ -1,4 +1,4 @@
-"""Soak: run the main job (`localstack.demo`) for a wall-clock duration and watch for leaks.
+"""Soak: run the main job (`localstack.launch.demo`) for a wall-clock duration and watch for leaks.
 
     .venv/bin/python benchmarks/soak.py --minutes 20 --out runs/soak -- --init_policy STORE --eval_n 64
     .venv/bin/python benchmarks/soak.py --report_only runs/soak      # rebuild report and plot
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _soak_report as report
 import psutil
 
-from localstack.live import Tail
+from localstack.reports.live import Tail
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 10**8  # a budget the learner cannot finish, so the duration decides
@@ -77,9 +77,9 @@ def role_of(proc: psutil.Process, demo_pid: int) -> str:
     for module, role in (
         ("trainer.task", "learner"),
         ("pipelines.rollout", "rollout"),
-        ("pipelines.evaluator", "evaluator"),
-        ("localstack.plan", "planner"),
-        ("localstack.watchdog", "watchdog"),
+        ("rollout.evaluator", "evaluator"),
+        ("localstack.launch.plan", "planner"),
+        ("localstack.launch.watchdog", "watchdog"),
     ):
         if module in line:
             return role
@@ -140,7 +140,7 @@ def _num(v) -> bool:
 
 
 class TelemetrySampler:
-    """The newest learner and rollout rows (localstack.live.Tail: new lines only, so a long
+    """The newest learner and rollout rows (localstack.reports.live.Tail: new lines only, so a long
     run does not reread its files), folded into backlog, counters and dedup sizes."""
 
     def __init__(self, workdir: Path, group_size: int):
@@ -263,7 +263,7 @@ def stop_demo(demo: subprocess.Popen) -> str:
 
 
 def run(args) -> int:
-    from localstack.demo import parse_args as demo_args  # the demo's own defaults (group size)
+    from localstack.launch.demo import parse_args as demo_args  # the demo's own defaults (group size)
 
     out = Path(args.out or ROOT / "runs" / time.strftime("soak-%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -276,7 +276,7 @@ def run(args) -> int:
         *args.demo_flags,  # after ours: argparse keeps the last, so a caller's choice wins
     ]
     group_size = demo_args(demo_flags).group_size
-    cmd = [sys.executable, "-m", "localstack.demo", *demo_flags]
+    cmd = [sys.executable, "-m", "localstack.launch.demo", *demo_flags]
     meta = {
         "command": shlex.join(cmd),
         "workdir": str(workdir),

@@ -11,7 +11,7 @@
    on one core, requests that never run out), with every worker's trace and scalars on
    and off, after a discarded warm-up run, in the order of ORDER so slow drift cancels:
    trajectories/s;
-4. the main job (`localstack.demo`, the learner and the rollouts on a core each, one
+4. the main job (`localstack.launch.demo`, the learner and the rollouts on a core each, one
    warm-started policy, the same capacity plan, eval off), `--trace` and `--no-trace`
    alternated the same way: steady trained tokens/s and learner duty cycle.
 Writes tracing.json into --out and prints the tables. Spans per second seen in the
@@ -37,7 +37,7 @@ from _report import loadavg, machine_info, print_table
 from _utilization_modes import rollout_alone
 from utilization import demo, make_plan
 
-from trainer.telemetry import trace
+from core.telemetry import trace
 
 # A warm-up run first (discarded: the first run after a quiet spell was the slowest of
 # each set, by 25-35 %), then on, off, off, on, on, off: a linear drift cancels in the means.
@@ -91,12 +91,12 @@ def episodes_ab(init_policy: str, phase_s: float = 5.0, phases: int = 40, concur
     from flax import nnx
 
     import environments
-    from pipelines.engine import InferenceEngine
-    from pipelines.episodes import EpisodeLimits, run_episode
-    from trainer.contracts.store import PolicyStore
-    from trainer.policy.config import model_config
-    from trainer.policy.model import abstract_tree
-    from trainer.policy.sampling import Sampler
+    from core.contracts.store import PolicyStore
+    from core.policy.config import model_config
+    from core.policy.model import abstract_tree
+    from core.policy.sampling import Sampler
+    from rollout.engine import InferenceEngine
+    from rollout.episodes import EpisodeLimits, run_episode
 
     sampler = Sampler(model_config("tiny"), slots=concurrency, length=256)
     target = abstract_tree(nnx.to_pure_dict(sampler.abstract_params))

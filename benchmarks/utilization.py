@@ -7,10 +7,10 @@ other (sched_setaffinity), so every mode gets the same hardware. For each tool l
 1. the rollout-alone ceiling: the rollout job with requests that never run out, drained by
    a sink (trajectories/s, tokens/s), keeping its records;
 2. the learner-alone ceiling: back-to-back train steps on those records;
-3. the capacity plan (`localstack.plan`) with the measured rollout ceiling: its settings and
+3. the capacity plan (`localstack.launch.plan`) with the measured rollout ceiling: its settings and
    its predicted duty cycles;
-4. sync: `localstack.demo --sync` (one round per version, nothing stale, nothing early);
-5. async: `localstack.demo` with the plan's settings.
+4. sync: `localstack.launch.demo --sync` (one round per version, nothing stale, nothing early);
+5. async: `localstack.launch.demo` with the plan's settings.
 Both runs start from one warm-started policy (made once here), keep zero-signal groups (a
 systems measurement: every trajectory trains) and take the same learner steps per
 version. Writes utilization.json and utilization.png into --out and prints the tables.
@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import loadavg, machine_info, print_table
 from _utilization_modes import learner_alone_pinned, rollout_alone
 
-from localstack.demo import cpu_set, parse_args, run_local
-from trainer.contracts.record_shape import RecordLayout
+from core.contracts.record_shape import RecordLayout
+from localstack.launch.demo import cpu_set, parse_args, run_local
 
 LATENCIES = "none,fixed:0.5,fixed:2,lognormal:1:1"
 GROUP_SIZE = 8  # the demo's default
@@ -56,7 +56,7 @@ def cli(argv=None):
 
 def demo(workdir: Path, flags: list[str]) -> dict:
     t0 = time.monotonic()
-    print(f"--- localstack.demo {' '.join(flags)}", flush=True)
+    print(f"--- localstack.launch.demo {' '.join(flags)}", flush=True)
     summary = run_local(parse_args([f"--workdir={workdir}", *flags]))
     summary["bench_wall_s"] = round(time.monotonic() - t0, 1)
     return summary
@@ -70,7 +70,7 @@ def make_plan(args, lat: str, rollout_rate: float | None, out: Path, measured: l
     cmd = [
         sys.executable,
         "-m",
-        "localstack.plan",
+        "localstack.launch.plan",
         f"--tool_latency={lat}",
         f"--batch_records={args.batch_records}",
         f"--publish_every={args.publish_every}",

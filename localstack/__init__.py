@@ -1,1 +1,2 @@
-"""Local embedded stack (Pub/Sub emulator, local policy store) for demos and tests."""
+"""The embedded local stack: emulators/ (Pub/Sub, GCS), launch/ (the demo, the planner,
+process supervision), reports/ (live panel, run report, summary)."""

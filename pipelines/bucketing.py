@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from core.contracts.trajectory import Trajectory
 from environments import EpisodeStatus
-from pipelines.trajectory import Trajectory
 
 OVERLONG_POLICIES = ("truncate", "drop")
 # Outcomes of fit_to_buckets, one counter each downstream.

@@ -23,9 +23,9 @@ from apache_beam.coders import Coder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 
+from core.contracts.trajectory import Trajectory
 from pipelines.metrics import NAMESPACE
-from pipelines.telemetry import current as telemetry
-from pipelines.trajectory import Trajectory
+from rollout.telemetry import current as telemetry
 
 NS = NAMESPACE
 Clock = Callable[[], float]

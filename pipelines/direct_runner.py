@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 
-from trainer.telemetry import trace
+from core.telemetry import trace
 
 _applied = False
 _shared = False

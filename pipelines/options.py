@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from core.contracts.record_shape import add_layout_arguments, layout_from_flags
+from core.policy.config import MODEL_CONFIGS
+from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from pipelines.bucketing import OVERLONG_POLICIES
-from pipelines.engine_config import EngineConfig
 from pipelines.packing_config import PackingConfig
-from trainer.contracts.record_shape import add_layout_arguments, layout_from_flags
-from trainer.policy.config import MODEL_CONFIGS
-from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
+from rollout.engine_config import EngineConfig
 
 _ENGINE = EngineConfig.__dataclass_fields__  # defaults live in EngineConfig
 _PACKING = PackingConfig.__dataclass_fields__

@@ -28,16 +28,16 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
 from apache_beam.utils.timestamp import Duration, Timestamp
 
+from core.contracts.record_shape import RecordShape
+from core.contracts.records import PackedRecord
+from core.contracts.trajectory import Trajectory
+from core.telemetry import trace
 from pipelines import bucketing
 from pipelines.dedup import DedupBy
 from pipelines.metrics import NAMESPACE
 from pipelines.packing import pack, take_full_records
 from pipelines.packing_config import PackingConfig
-from pipelines.telemetry import current as telemetry
-from pipelines.trajectory import Trajectory
-from trainer.contracts.record_shape import RecordShape
-from trainer.contracts.records import PackedRecord
-from trainer.telemetry import trace
+from rollout.telemetry import current as telemetry
 
 NS = NAMESPACE
 FULL, WINDOW_END, MAX_WAIT = "full", "window_end", "max_wait"
@@ -70,7 +70,7 @@ class FlushedRecord:
 
 class FilterZeroSignalGroupsFn(beam.DoFn):
     """Drops (when enabled) groups whose advantages are all 0: every reward was equal, so
-    no token of the group moves the policy. every estimator in trainer.rl.advantages returns exact zeros."""
+    no token of the group moves the policy. every estimator in core.rl.advantages returns exact zeros."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled

@@ -11,9 +11,9 @@ import hashlib
 
 import numpy as np
 
-from pipelines.trajectory import Trajectory
-from trainer.contracts.record_shape import RecordShape
-from trainer.contracts.records import PackedRecord, TrajectoryInfo, empty_record_arrays
+from core.contracts.record_shape import RecordShape
+from core.contracts.records import PackedRecord, TrajectoryInfo, empty_record_arrays
+from core.contracts.trajectory import Trajectory
 
 
 def first_fit_decreasing(

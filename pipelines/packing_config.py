@@ -9,15 +9,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from pipelines.bucketing import OVERLONG_POLICIES
-from trainer.contracts import records
-from trainer.contracts.record_shape import (
+from core.contracts import records
+from core.contracts.record_shape import (
     DEFAULT_BUCKETS,
     DEFAULT_MAX_SEGMENTS_PER_ROW,
     DEFAULT_ROWS,
     RecordLayout,
     RecordShape,
 )
+from pipelines.bucketing import OVERLONG_POLICIES
 
 # Bytes per [row, position] cell on the wire: one entry of each record array.
 CELL_BYTES = sum(dt.itemsize for dt in records.ARRAY_SPECS.values())

@@ -15,12 +15,12 @@ import threading
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from core.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 from pipelines.direct_runner import memoise_dofn_specs, share_pubsub_publishers
 from pipelines.options import RolloutOptions, engine_config, packing_config
 from pipelines.pack_transform import DROPPED, PackTrajectoryGroups
-from pipelines.telemetry import current as telemetry
 from pipelines.transforms import DEAD_LETTER, ParseRequestFn, RunEpisodes, drop_notice_message, to_pubsub_message
-from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
+from rollout.telemetry import current as telemetry
 
 DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
@@ -54,7 +54,7 @@ def start_heartbeat(subscription: str, interval_s: float) -> threading.Event:
     """BundleBasedDirectRunner blocks up to 30 s in a Pub/Sub pull on an idle subscription,
     and no timer fires meanwhile; a tiny keep-alive message every `interval_s` bounds how
     late the packer's flush timer can be. Not needed (nor started) on Dataflow."""
-    from trainer.contracts import pubsub_io
+    from core.contracts import pubsub_io
 
     sub = pubsub_io.subscriber_client()
     topic = sub.get_subscription(subscription=subscription).topic

@@ -14,13 +14,13 @@ from apache_beam.transforms.async_dofn import AsyncWrapper
 from apache_beam.utils.shared import Shared
 
 import environments
-from pipelines.engine_config import EngineConfig
-from pipelines.episodes import run_group
+from core.contracts import records
+from core.contracts.rollout_request import HEARTBEAT_ATTRIBUTE, RequestError, RolloutRequest
 from pipelines.metrics import NAMESPACE
-from pipelines.rollout_worker import RolloutWorker
-from pipelines.telemetry import current as telemetry
-from trainer.contracts import records
-from trainer.contracts.rollout_request import HEARTBEAT_ATTRIBUTE, RequestError, RolloutRequest
+from rollout.engine_config import EngineConfig
+from rollout.episodes import run_group
+from rollout.telemetry import current as telemetry
+from rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 DEAD_LETTER = "dead_letter"

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from trainer.contracts.records import PackedRecord, TrajectoryInfo, empty_record_arrays
+from core.contracts.records import PackedRecord, TrajectoryInfo, empty_record_arrays
 
 
 def random_record(seed: int, rows: int = 4, seq_len: int = 64, vocab: int = 256) -> PackedRecord:

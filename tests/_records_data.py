@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from trainer.contracts import records as R
-from trainer.contracts.records import PackedRecord, RecordError, TrajectoryInfo
+from core.contracts import records as R
+from core.contracts.records import PackedRecord, RecordError, TrajectoryInfo
 
 
 def make_record(seed: int, rows: int, seq_len: int, record_id: str = "rec-0") -> PackedRecord:

@@ -13,9 +13,9 @@ import numpy as np
 from _learner_data import random_record
 from flax import nnx
 
+from core.policy.config import ModelConfig
 from trainer.learning.learner import Learner, LearnerConfig, _loss_fn, batch_from_records
 from trainer.learning.sharding import batch_sharding, make_mesh
-from trainer.policy.config import ModelConfig
 
 assert jax.device_count() == 8, jax.devices()
 cfg = ModelConfig(max_seq_len=64, n_heads=4, n_kv_heads=2)

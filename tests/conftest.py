@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from localstack import processes
-from localstack.pubsub_emulator import EmulatorUnavailable, PubSubEmulator
+from localstack.emulators.pubsub import EmulatorUnavailable, PubSubEmulator
+from localstack.launch import processes
 
 
 def pytest_configure(config):

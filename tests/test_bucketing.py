@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_packing import make_trajectory
 
+from core.contracts import records as R
+from core.contracts.record_shape import RecordShape
 from pipelines import bucketing
 from pipelines.options import RolloutOptions, packing_config
 from pipelines.packing import pack
 from pipelines.packing_config import PackingConfig, record_bytes_upper_bound
-from trainer.contracts import records as R
-from trainer.contracts.record_shape import RecordShape
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 bucket_lists = st.lists(st.integers(1, 96), min_size=1, max_size=4, unique=True).map(lambda b: tuple(sorted(b)))

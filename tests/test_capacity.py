@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.contracts.record_shape import RecordShape
 from tests._learner_data import random_record
-from trainer.contracts.record_shape import RecordShape
 from trainer.learning.batches import BatchBuffer
 from trainer.learning.builder import warn_if_short
 from trainer.learning.capacity import Measurements, check_async, make_plan, predict_sync, shortfall_warning

@@ -9,7 +9,7 @@ import optax
 import pytest
 from _trees import abstract, assert_tree_equal
 
-from localstack import gcs_emulator
+from localstack.emulators import gcs as gcs_emulator
 from trainer.learning.checkpoint import CheckpointError, LearnerCheckpointer
 
 CONSUMED = {"rec-0001", "récord-é", "記録-2", "emoji-🎲", 'quote-"x"'}

@@ -2,7 +2,7 @@
 
 Each row is passed the way a user passes it (the process's own argument parser and the
 entry function it runs at start: `trainer.task.run`, `pipelines.rollout.run`,
-`pipelines.evaluator.run`, `localstack.demo.run_local`, `trainer.cloud.vertex.main`;
+`rollout.evaluator.run`, `localstack.launch.demo.run_local`, `trainer.cloud.vertex.main`;
 `environments.make` for --env_config, as every rollout worker and the evaluator call it),
 with whatever would start something (a model, a warm start, a policy publish, the feeder,
 a heartbeat, a pipeline, a watchdog, a job) replaced by a recorder. Three checks a row:
@@ -37,18 +37,19 @@ from unittest import mock
 import pytest
 
 import environments
-from localstack import demo, processes
-from pipelines import evaluator, rollout
+from core.telemetry import trace
+from localstack.launch import demo, processes
+from pipelines import rollout
 from pipelines.options import RolloutOptions, engine_config, packing_config
+from rollout import evaluator
 from trainer import task
 from trainer.cloud import vertex
 from trainer.learning import builder
-from trainer.telemetry import trace
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "CONFIG_REFUSALS.md"
 
-LEARNER, ROLLOUT, EVALUATOR = "trainer.task", "pipelines.rollout", "pipelines.evaluator"
-DEMO, VERTEX, ENVIRONMENT = "localstack.demo", "trainer.cloud.vertex", "environments.make"
+LEARNER, ROLLOUT, EVALUATOR = "trainer.task", "pipelines.rollout", "rollout.evaluator"
+DEMO, VERTEX, ENVIRONMENT = "localstack.launch.demo", "trainer.cloud.vertex", "environments.make"
 
 # Where a refusal comes too late: "refused only ..." (the xfail reason, and the doc's note).
 AFTER_MODEL = "after the learner has built its model"
@@ -248,7 +249,7 @@ TABLE: list[Row] = [
         "records the topic cannot carry: the learner starves", "rows", "a 1024x256 record (up to 4096 trajectories)"),
     row(R, "--rows", "--rows=65537", "rows x seq_len over the decoder's cell cap", "records no decoder accepts",
         "rows", "record shape 65537x256 is over 16777216 cells"),
-    # ---- the evaluator: python -m pipelines.evaluator -------------------------------
+    # ---- the evaluator: python -m rollout.evaluator -------------------------------
     row(E, "--out", (), "missing", "scores written nowhere", "--out",
         "the following arguments are required: --out", unset=("--out",)),
     row(E, "--model_config", "--model_config=huge", CHOICE, "no such model size",
@@ -269,7 +270,7 @@ TABLE: list[Row] = [
     row(E, "--max_tokens", "--max_tokens=512", "> the model's context (tiny: 256)",
         "a KV cache longer than the model's context", "max_tokens", "sampler length 512 exceeds the model's"),
     row(E, "--slots", "--slots=0", "< 1", "a sampler that decodes no episode", "slots", "need slots >= 1"),
-    # ---- the demo: python -m localstack.demo ----------------------------------------
+    # ---- the demo: python -m localstack.launch.demo ----------------------------------------
     row(DEMO, "--live", "--live=tv", CHOICE, "no such progress display", "--live",
         "argument --live: invalid choice: 'tv'"),
     row(DEMO, "--max_restarts", "--max_restarts=-1", "< 0", "no number of restarts", "--max_restarts",
@@ -465,7 +466,7 @@ def _rollout(argv, events):
 
 
 def _evaluator(argv, events):
-    """pipelines.evaluator.run, up to its first look at the policy store."""
+    """rollout.evaluator.run, up to its first look at the policy store."""
 
     def store(root):
         events.append("policy store polled")
@@ -476,7 +477,7 @@ def _evaluator(argv, events):
 
 
 def _demo(argv, events):
-    """localstack.demo.run_local, up to the planner and the emulator; its watchdog is recorded."""
+    """localstack.launch.demo.run_local, up to the planner and the emulator; its watchdog is recorded."""
 
     def pinned(*args, **kwargs):
         events.append("planner and emulator started")

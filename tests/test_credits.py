@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trainer.contracts.record_shape import RecordShape
+from core.contracts.record_shape import RecordShape
 from trainer.learning.feeder import CreditConfig, TrajectoryCredits
 
 
@@ -259,8 +259,8 @@ def test_simulation_with_the_real_packer_never_deadlocks():
     """Same loop with real trajectories and take_full_records (no timer flush)."""
     import numpy as np
 
+    from core.contracts.trajectory import Trajectory
     from pipelines.packing import take_full_records
-    from pipelines.trajectory import Trajectory
 
     rng = np.random.default_rng(0)
     for ahead, batch, rows, segs, group in [(0, 1, 2, 2, 4), (1, 2, 2, 3, 3), (2, 1, 3, 1, 8), (0, 3, 2, 2, 1)]:
@@ -320,7 +320,7 @@ def test_max_in_flight_below_one_batch_is_refused_as_a_deadlock():
 
 # ----------------------------------------------------------------------------- per request: write-off and redo
 def _request(rid: str, group: int = 4):
-    from trainer.contracts.rollout_request import RolloutRequest
+    from core.contracts.rollout_request import RolloutRequest
 
     return RolloutRequest(rid, "calculator", {"question": rid}, group)
 

@@ -112,7 +112,7 @@ def test_setup_file_is_carried_and_staged(job):
     assert "workflow.tar.gz" in staged
     with tarfile.open(staged["workflow.tar.gz"]) as sdist:
         names = sdist.getnames()
-    for module in ("pipelines/rollout.py", "pipelines/pack_transform.py", "trainer/contracts/records.py", "setup.py"):
+    for module in ("pipelines/rollout.py", "pipelines/pack_transform.py", "core/contracts/records.py", "setup.py"):
         assert any(n.endswith(module) for n in names), module
 
 

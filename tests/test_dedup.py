@@ -13,9 +13,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.contracts.trajectory import Trajectory
 from pipelines.dedup import DedupBy, DedupFn, SeenKeysCoder, expire
 from pipelines.metrics import NAMESPACE
-from pipelines.trajectory import Trajectory
 
 
 class _State:

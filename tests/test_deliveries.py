@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.contracts import pubsub_io
+from core.contracts.records import encode
 from tests._records_data import make_record
-from trainer.contracts import pubsub_io
-from trainer.contracts.records import encode
 from trainer.learning.consumer import RecordConsumer
 from trainer.learning.deliveries import Deliveries, DeliveryConfig
 

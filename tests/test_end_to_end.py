@@ -15,10 +15,10 @@ import pytest
 from _records_data import make_record, rewrite_header
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from localstack.demo import parse_args, run_local
-from trainer.contracts import pubsub_io, records
-from trainer.contracts.store import PolicyStore
-from trainer.telemetry import scalars
+from core.contracts import pubsub_io, records
+from core.contracts.store import PolicyStore
+from core.telemetry import scalars
+from localstack.launch.demo import parse_args, run_local
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -279,7 +279,7 @@ def test_a_signal_to_the_demo_stops_everything_it_started(tmp_path, sig):
     workdir = tmp_path / "term"
     flags = ["--warmstart_steps=0", "--eval_n=0", "--max_steps=1000", "--plan=off", "--timeout_s=600"]
     flags += ["--keep_zero_signal", "--batch_records=1"]  # random init: a first step soon, not never
-    demo = subprocess.Popen([sys.executable, "-m", "localstack.demo", f"--workdir={workdir}", *flags])
+    demo = subprocess.Popen([sys.executable, "-m", "localstack.launch.demo", f"--workdir={workdir}", *flags])
     try:
         deadline = time.monotonic() + 180
         # Emulator, learner and pipeline all started; for SIGTERM, the learner has trained a step.

@@ -11,12 +11,12 @@ import pytest
 from flax import nnx
 
 import environments
-from pipelines.engine import InferenceEngine, Sequence
-from pipelines.episodes import EpisodeLimits, run_group
-from trainer.policy import tokenizer
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params, token_logprobs
-from trainer.policy.sampling import Sampler
+from core.policy import tokenizer
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params, token_logprobs
+from core.policy.sampling import Sampler
+from rollout.engine import InferenceEngine, Sequence
+from rollout.episodes import EpisodeLimits, run_group
 
 CFG = ModelConfig(max_seq_len=128)
 

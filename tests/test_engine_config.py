@@ -4,11 +4,11 @@ and the CLIs offer exactly the choices the code defines."""
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.engine_config import EngineConfig
+from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from pipelines.options import engine_config
+from rollout.engine_config import EngineConfig
 from trainer import task
 from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
-from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 import environments
+from core.policy import tokenizer
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params
+from core.policy.sampling import Sampler
 from environments import Environment, EpisodeStatus, StepResult, Task
-from pipelines.engine import InferenceEngine
-from pipelines.episodes import EpisodeLimits, run_group
-from trainer.policy import tokenizer
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params
-from trainer.policy.sampling import Sampler
+from rollout.engine import InferenceEngine
+from rollout.episodes import EpisodeLimits, run_group
 
 CFG = ModelConfig(max_seq_len=128)
 TASK = Task("t-1", "Compute 1+2. ", "3", {"expression": "1+2"})

@@ -8,13 +8,13 @@ import time
 import pytest
 from flax import nnx
 
-from localstack.heldout import held_out_summary
-from localstack.processes import ProcessGroup
-from trainer.contracts import pubsub_io
-from trainer.contracts.store import PolicyStore
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params
-from trainer.telemetry.scalars import read_rows
+from core.contracts import pubsub_io
+from core.contracts.store import PolicyStore
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params
+from core.telemetry.scalars import read_rows
+from localstack.launch.processes import ProcessGroup
+from localstack.reports.heldout import held_out_summary
 
 KEYS = {
     "version",
@@ -45,7 +45,7 @@ def run_evaluator(tmp_path, store_dir, final: int, n: int = 12) -> list[dict]:
     cmd = [
         sys.executable,
         "-m",
-        "pipelines.evaluator",
+        "rollout.evaluator",
         f"--policy_root={store_dir}",
         f"--out={tmp_path / 'eval.jsonl'}",
         f"--n={n}",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from _learner_data import random_record
 
+from core.policy.config import ModelConfig
 from trainer.learning.learner import Learner, LearnerConfig
-from trainer.policy.config import ModelConfig
 
 HERE = os.path.dirname(__file__)
 

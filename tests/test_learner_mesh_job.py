@@ -13,12 +13,12 @@ import pytest
 from _learner_data import random_record
 from flax import nnx
 
-from localstack.processes import ProcessGroup
-from trainer.contracts import pubsub_io
-from trainer.contracts.records import attributes, encode
-from trainer.contracts.store import PolicyStore
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import abstract_tree, init_model, split_params
+from core.contracts import pubsub_io
+from core.contracts.records import attributes, encode
+from core.contracts.store import PolicyStore
+from core.policy.config import ModelConfig
+from core.policy.model import abstract_tree, init_model, split_params
+from localstack.launch.processes import ProcessGroup
 
 STEPS, RECORDS = 4, 6
 

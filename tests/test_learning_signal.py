@@ -6,9 +6,9 @@ import numpy as np
 from _learner_data import random_record
 from flax import nnx
 
+from core.policy.config import ModelConfig
+from core.policy.model import token_logprobs
 from trainer.learning.learner import Learner, LearnerConfig
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import token_logprobs
 
 
 def logprobs(learner: Learner, rec) -> np.ndarray:

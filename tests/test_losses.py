@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from _losses import ppo_clipped_loss
 
+from core.rl.advantages import ADVANTAGE_ESTIMATORS, dr_grpo_advantages, grpo_advantages, rloo_advantages
 from trainer.learning.losses import LOG_RATIO_CLAMP, entropy, masked_mean
-from trainer.rl.advantages import ADVANTAGE_ESTIMATORS, dr_grpo_advantages, grpo_advantages, rloo_advantages
 
 
 # ----------------------------------------------------------------------------- GRPO advantages

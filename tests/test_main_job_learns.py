@@ -4,7 +4,7 @@ its defaults takes held-out success from at most 50 % to at least 90 %, in at mo
 
 import pytest
 
-from localstack.demo import parse_args, run_local
+from localstack.launch.demo import parse_args, run_local
 
 
 @pytest.mark.slow

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from trainer.policy import tokenizer
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params, token_logprobs
-from trainer.policy.sampling import Sampler
+from core.policy import tokenizer
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params, token_logprobs
+from core.policy.sampling import Sampler
 
 CFG = ModelConfig(max_seq_len=64)
 

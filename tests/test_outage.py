@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from localstack.demo import parse_args, run_local
-from trainer.telemetry.scalars import JSONL, read_rows
+from core.telemetry.scalars import JSONL, read_rows
+from localstack.launch.demo import parse_args, run_local
 
 
 class _Outage(threading.Thread):

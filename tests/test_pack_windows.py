@@ -24,11 +24,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.worker import statesampler
 from apache_beam.testing.test_stream import TestStream as BeamTestStream
 
+from core.contracts import records as R
+from core.contracts.trajectory import Trajectory
 from pipelines.metrics import NAMESPACE
 from pipelines.pack_transform import FULL, MAX_WAIT, WINDOW_END, PackTrajectoryGroups, shard_of
 from pipelines.packing_config import PackingConfig
-from pipelines.trajectory import Trajectory
-from trainer.contracts import records as R
 
 CFG = PackingConfig(
     buckets=(32, 64), rows=2, max_segments_per_row=2, window_s=10.0, max_wait_s=2.0, dedup_window_s=600.0

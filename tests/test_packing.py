@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.contracts import records as R
+from core.contracts.record_shape import RecordShape
+from core.contracts.trajectory import Trajectory
 from pipelines.packing import build_record, first_fit_decreasing, pack, take_full_records
-from pipelines.trajectory import Trajectory
-from trainer.contracts import records as R
-from trainer.contracts.record_shape import RecordShape
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,11 +12,11 @@ import time
 import pytest
 
 import environments
-from localstack.processes import ProcessGroup
-from trainer.contracts import pubsub_io
-from trainer.contracts.rollout_request import RolloutRequest
+from core.contracts import pubsub_io
+from core.contracts.rollout_request import RolloutRequest
+from core.telemetry.scalars import read_rows
+from localstack.launch.processes import ProcessGroup
 from trainer.learning.feeder import Feeder, TrajectoryCredits
-from trainer.telemetry.scalars import read_rows
 
 
 def _pipeline_cmd(emu, subs, topics, store):

@@ -9,13 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from localstack import plan
-from localstack.processes import ProcessGroup
+from core.contracts.store import PolicyStore
+from core.policy.config import ModelConfig
+from localstack.launch import plan
+from localstack.launch.processes import ProcessGroup
 from tests._learner_data import random_record
-from trainer.contracts.store import PolicyStore
 from trainer.learning import builder
 from trainer.learning.learner import Learner, LearnerConfig
-from trainer.policy.config import ModelConfig
 
 
 def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):

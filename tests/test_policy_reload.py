@@ -8,13 +8,13 @@ import pytest
 from flax import nnx
 
 import environments
-from pipelines.engine import InferenceEngine
-from pipelines.episodes import EpisodeLimits, run_group
-from pipelines.policy import PolicyHandle
-from trainer.contracts.store import PolicyStore
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params
-from trainer.policy.sampling import Sampler
+from core.contracts.store import PolicyStore
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params
+from core.policy.sampling import Sampler
+from rollout.engine import InferenceEngine
+from rollout.episodes import EpisodeLimits, run_group
+from rollout.policy_poller import PolicyHandle
 
 CFG = ModelConfig(max_seq_len=128)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from _trees import abstract, assert_tree_equal, params_for
 
-from trainer.contracts.store import LATEST, METADATA, PolicyStore, StoreError
+from core.contracts.store import LATEST, METADATA, PolicyStore, StoreError
 
 
 @pytest.fixture

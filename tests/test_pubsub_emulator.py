@@ -11,13 +11,13 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 
-from localstack.pubsub_emulator import (
+from core.contracts import pubsub_io
+from localstack.emulators.pubsub import (
     DEFAULT_PROJECT,
     EmulatorStartError,
     EmulatorUnavailable,
     PubSubEmulator,
 )
-from trainer.contracts import pubsub_io
 
 
 @pytest.fixture

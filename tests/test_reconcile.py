@@ -1,9 +1,9 @@
-"""The rollout side's counts joined to the learner's balances (localstack/reconcile.py):
+"""The rollout side's counts joined to the learner's balances (localstack/reports/reconcile.py):
 remainders are what was still in flight, never negative; a negative one is a mismatch."""
 
 import json
 
-from localstack.reconcile import format_reconciliation, reconcile, rollout_totals
+from localstack.reports.reconcile import format_reconciliation, reconcile, rollout_totals
 from trainer.learning.accounting import trajectory_accounting
 
 

@@ -7,9 +7,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipelines.options import RolloutOptions, packing_config
-from trainer import task
-from trainer.contracts.record_shape import (
+from core.contracts.record_shape import (
     DEFAULT_BUCKETS,
     DEFAULT_MAX_SEGMENTS_PER_ROW,
     DEFAULT_ROWS,
@@ -19,6 +17,8 @@ from trainer.contracts.record_shape import (
     layout_from_flags,
     parse_buckets,
 )
+from pipelines.options import RolloutOptions, packing_config
+from trainer import task
 
 LEARNER_FLAGS = ["--requests_topic=t", "--records_subscription=s", "--policy_root=/x"]
 

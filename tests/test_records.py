@@ -9,8 +9,8 @@ from _records_data import OTHER_BREAKERS, assert_same, make_record, raises, rewr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.contracts import records as R
-from trainer.contracts.records import PackedRecord, TrajectoryInfo
+from core.contracts import records as R
+from core.contracts.records import PackedRecord, TrajectoryInfo
 
 
 @settings(max_examples=150, deadline=None)

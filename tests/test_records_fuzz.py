@@ -14,8 +14,8 @@ from _records_data import OTHER_BREAKERS, assert_same, make_record, raises
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
-from trainer.contracts import records as R
-from trainer.contracts.records import PackedRecord, RecordError
+from core.contracts import records as R
+from core.contracts.records import PackedRecord, RecordError
 
 
 def reference_violation(rec: PackedRecord) -> str | None:

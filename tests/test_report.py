@@ -1,4 +1,4 @@
-"""The run report (localstack/report.py) on small fabricated run directories: every plot it
+"""The run report (localstack/reports/report.py) on small fabricated run directories: every plot it
 references is a real, non-blank PNG, and missing or cut-short inputs cost a note, not the report."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import matplotlib.image as mpimg
 import numpy as np
 
-from localstack import report, timeline
+from localstack.reports import report, timeline
 from trainer.learning.accounting import trajectory_accounting
 
 T0 = 1_800_000_000.0  # unix seconds the fabricated run starts at

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from localstack.processes import ProcessGroup
-from trainer.contracts.store import PolicyStore
+from core.contracts.store import PolicyStore
+from core.telemetry.scalars import read_rows
+from localstack.launch.processes import ProcessGroup
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.consumer import RecordConsumer
-from trainer.telemetry.scalars import read_rows
 
 
 def _learner_cmd(emu, topics, subs, store, ckpt, max_steps, logdir, summary=None):

@@ -26,15 +26,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from localstack.processes import ProcessGroup
+from core.contracts import pubsub_io
+from core.contracts.records import KIND_ATTRIBUTE, decode
+from core.contracts.rollout_request import RolloutRequest
+from core.contracts.store import PolicyStore, StoreError
+from core.policy.config import ModelConfig
+from core.policy.model import abstract_tree, init_model, split_params
+from core.telemetry import scalars
+from localstack.launch.processes import ProcessGroup
 from tests import _faulty_env
-from trainer.contracts import pubsub_io
-from trainer.contracts.records import KIND_ATTRIBUTE, decode
-from trainer.contracts.rollout_request import RolloutRequest
-from trainer.contracts.store import PolicyStore, StoreError
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import abstract_tree, init_model, split_params
-from trainer.telemetry import scalars
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (2, 256)
@@ -216,7 +216,7 @@ DEAD_LETTERED = {
     "reset_not_str": "TypeError: env.reset must return str, got int",
     "reset_hang": f"TimeoutError: env.reset took over the step timeout ({STEP_TIMEOUT_S} s)",
 }
-# Garbage from a step (pipelines/episodes.py::_checked): the episode ends as env_error.
+# Garbage from a step (rollout/episodes.py::_checked): the episode ends as env_error.
 GARBAGE = ("obs_bytes", "str_reward", "not_a_result", "none_result", "nan_reward", "bad_status")
 MIXED = ("hang", "raise", *GARBAGE, *DEAD_LETTERED)
 DURING = ("ok-during-0", "ok-during-1")  # sent right after the faulty requests

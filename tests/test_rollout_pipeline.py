@@ -9,14 +9,14 @@ import pytest
 from flax import nnx
 
 import environments
-from localstack.processes import ProcessGroup
-from trainer.contracts import pubsub_io
-from trainer.contracts.records import decode
-from trainer.contracts.rollout_request import RolloutRequest
-from trainer.contracts.store import PolicyStore
+from core.contracts import pubsub_io
+from core.contracts.records import decode
+from core.contracts.rollout_request import RolloutRequest
+from core.contracts.store import PolicyStore
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params
+from localstack.launch.processes import ProcessGroup
 from trainer.learning.consumer import RecordConsumer
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params
 
 
 def _pull_until(sub, path, n, timeout_s):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.contracts.rollout_request import MAX_REQUEST_BYTES, REQUEST_SCHEMA_VERSION, RequestError, RolloutRequest
+from core.contracts.rollout_request import MAX_REQUEST_BYTES, REQUEST_SCHEMA_VERSION, RequestError, RolloutRequest
 
 
 def valid(**over) -> dict:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from _trees import abstract, assert_tree_equal, params_for
 
-from localstack import gcs_emulator
-from trainer.contracts.store import LATEST, PolicyStore, StoreError
+from core.contracts.store import LATEST, PolicyStore, StoreError
+from localstack.emulators import gcs as gcs_emulator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,7 +65,7 @@ def test_publish_then_fresh_reader_and_subprocess_reader(gcs, store, tmp_path):
     script = textwrap.dedent("""
         import json, sys
         import jax, jax.numpy as jnp, numpy as np
-        from trainer.contracts.store import PolicyStore
+        from core.contracts.store import PolicyStore
         target = {"dense": {"kernel": jax.ShapeDtypeStruct((4, 3), jnp.float32),
                             "bias": jax.ShapeDtypeStruct((3,), jnp.float32)},
                   "embed": jax.ShapeDtypeStruct((5, 2), jnp.int32)}
@@ -214,7 +214,7 @@ def test_emulator_reports_generations_like_gcs(gcs):
 
 
 def test_emulator_harness_stops_its_whole_process_group():
-    from localstack.processes import group_alive
+    from localstack.launch.processes import group_alive
 
     with gcs_emulator.GcsEmulator(bucket="harness-check") as emu:  # a second one, own port
         pid = emu.pid

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.contracts.record_shape import RecordShape
 from tests._learner_data import random_record
-from trainer.contracts.record_shape import RecordShape
 from trainer.learning.batches import BatchBuffer
 from trainer.learning.feeder import CreditConfig, TrajectoryCredits
 from trainer.learning.schedule import PADDING_ID, AsyncSchedule, SyncSchedule, padding_record, split_round

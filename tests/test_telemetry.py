@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipelines.telemetry import LATENCY_EDGES_MS, RolloutTelemetry
+from core.telemetry import scalars, trace
+from rollout.telemetry import LATENCY_EDGES_MS, RolloutTelemetry
 from trainer.learning.telemetry import LearnerTelemetry
-from trainer.telemetry import scalars, trace
 
 
 def test_spans_from_threads_are_all_written_and_merge_into_one_trace(tmp_path):
@@ -192,7 +192,7 @@ def test_a_gs_logdir_gets_both_files(tmp_path):
 
     from etils import epath
 
-    from localstack import gcs_emulator
+    from localstack.emulators import gcs as gcs_emulator
 
     emu = gcs_emulator.shared()
     emu.apply_env()

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import environments
+from core.policy import tokenizer
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params
 from trainer.learning.warmstart import WarmStartConfig, oracle_rows, warm_start
-from trainer.policy import tokenizer
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params
 
 TASKS = environments.make_tasks("calculator", 5, 40, "train")
 

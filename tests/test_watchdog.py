@@ -1,5 +1,5 @@
 """However a launcher dies (SIGKILL included), what it started dies with it: the watchdog
-(localstack/watchdog.py) stops every process group it registered, the emulator's JVM too."""
+(localstack/launch/watchdog.py) stops every process group it registered, the emulator's JVM too."""
 
 import json
 import os
@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from localstack.processes import group_alive
-from localstack.watchdog import read_registry
+from localstack.launch.processes import group_alive
+from localstack.launch.watchdog import read_registry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def _watchdogs_of(parent: int) -> list[int]:
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "localstack.watchdog" in cmd and f"--parent={parent}" in cmd:
+        if "localstack.launch.watchdog" in cmd and f"--parent={parent}" in cmd:
             try:
                 if p.status() != psutil.STATUS_ZOMBIE:
                     found.append(p.info["pid"])
@@ -71,9 +71,9 @@ PARENT = textwrap.dedent(
     """
     import json, subprocess, sys, time
     from pathlib import Path
-    from localstack import processes
-    from localstack.processes import ProcessGroup
-    from localstack.pubsub_emulator import PubSubEmulator
+    from localstack.launch import processes
+    from localstack.launch.processes import ProcessGroup
+    from localstack.emulators.pubsub import PubSubEmulator
 
     out, mode = Path(sys.argv[1]), sys.argv[2]
     processes.start_watchdog()

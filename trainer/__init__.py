@@ -1,5 +1,2 @@
-"""Learner side and the parts both sides share.
-
-policy/ and contracts/ (both sides), rl/ (shared RL math), learning/ (the learner),
-cloud/ (Vertex AI), task.py (the entry point).
-"""
+"""The learner alone: learning/ (loop parts, data plane, losses, checkpoints, warm start),
+cloud/ (Vertex AI), task.py (the entry point). Shared code is in core/."""

@@ -17,14 +17,14 @@ import sys
 import time
 from types import SimpleNamespace
 
+from core.contracts.record_shape import add_layout_arguments, layout_from_flags
+from core.policy.config import MODEL_CONFIGS
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
-from trainer.contracts.record_shape import add_layout_arguments, layout_from_flags
 from trainer.learning import builder as B
 from trainer.learning.accounting import format_accounting
 from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 from trainer.learning.run_stats import RunStats
 from trainer.learning.warmstart import DIRECT_AT, SCHEDULES, WarmStartConfig
-from trainer.policy.config import MODEL_CONFIGS
 
 log = logging.getLogger("trainer")
 
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plan",
         default=None,
-        help="a localstack.plan JSON: warn at start if the credit window cannot reach its duty cycle",
+        help="a localstack.launch.plan JSON: warn at start if the credit window cannot reach its duty cycle",
     )
     p.add_argument(
         "--warmstart_steps",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainer.contracts.record_shape import RecordShape
+from core.contracts.record_shape import RecordShape
 from trainer.learning.staleness import StalenessControl
 
 

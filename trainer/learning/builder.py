@@ -14,8 +14,11 @@ import numpy as np
 from flax import nnx
 
 import environments
-from trainer.contracts.record_shape import RecordLayout, layout_from_flags
-from trainer.contracts.store import PolicyStore
+from core.contracts.record_shape import RecordLayout, layout_from_flags
+from core.contracts.store import PolicyStore
+from core.policy.config import model_config
+from core.policy.model import abstract_tree
+from core.telemetry import scalars, trace
 from trainer.learning.accounting import trajectory_accounting
 from trainer.learning.batches import BatchBuffer
 from trainer.learning.capacity import Measurements, shortfall_warning
@@ -31,9 +34,6 @@ from trainer.learning.sharding import make_mesh
 from trainer.learning.staleness import StalenessConfig, StalenessControl
 from trainer.learning.telemetry import LearnerTelemetry
 from trainer.learning.warmstart import WarmStartConfig, warm_start
-from trainer.policy.config import model_config
-from trainer.policy.model import abstract_tree
-from trainer.telemetry import scalars, trace
 
 log = logging.getLogger("trainer")
 
@@ -209,7 +209,7 @@ def make_credits(args, layout: RecordLayout) -> TrajectoryCredits:
 
 
 def read_plan(args) -> dict | None:
-    """The localstack.plan JSON named by --plan, if any."""
+    """The localstack.launch.plan JSON named by --plan, if any."""
     if not args.plan:
         return None
     with open(args.plan) as f:

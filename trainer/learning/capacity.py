@@ -1,6 +1,6 @@
 """Capacity arithmetic: what keeps the learner busy, by Little's law (in flight = rate x time).
 
-Pure functions on measured numbers, no JAX: `localstack.plan` measures and writes a plan
+Pure functions on measured numbers, no JAX: `localstack.launch.plan` measures and writes a plan
 with them, the learner checks its credit window against one at start (`check_async`), and
 tests drive them with synthetic measurements. Rates are trajectories per second.
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable
 
 from google.api_core import exceptions as gexc
 
-from trainer.contracts import pubsub_io
-from trainer.contracts.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
+from core.contracts import pubsub_io
+from core.contracts.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
 from trainer.learning.deliveries import Deliveries, DeliveryConfig
 from trainer.learning.schedule import PADDING_ID
 

@@ -21,9 +21,9 @@ import uuid
 
 from google.api_core import exceptions as gexc
 
-from trainer.contracts import pubsub_io
-from trainer.contracts.record_shape import RecordShape
-from trainer.contracts.rollout_request import RolloutRequest
+from core.contracts import pubsub_io
+from core.contracts.record_shape import RecordShape
+from core.contracts.rollout_request import RolloutRequest
 
 log = logging.getLogger(__name__)
 

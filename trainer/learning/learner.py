@@ -13,10 +13,10 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer.contracts.records import PackedRecord
+from core.contracts.records import PackedRecord
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params, token_logprobs
 from trainer.learning import losses, sharding
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params, token_logprobs
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_logprobs", "advantages")
 

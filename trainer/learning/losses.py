@@ -16,7 +16,7 @@ Two numerical rules keep values and gradients finite: masked positions are repla
 log-ratios are clamped to +-LOG_RATIO_CLAMP before exp (as verl does), so float32 never
 overflows and squared gradient norms stay finite.
 
-Group advantages live in trainer.rl.advantages (the pipeline computes them too).
+Group advantages live in core.rl.advantages (the pipeline computes them too).
 Sections: 2. aggregation  3. KL estimators  4. config  5. policy losses
 6. entropy and the non-finite guard.
 """

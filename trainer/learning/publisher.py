@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from trainer.contracts.store import PolicyStore
+from core.contracts.store import PolicyStore
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.learner import Learner
 

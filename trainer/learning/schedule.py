@@ -15,7 +15,7 @@ import logging
 import math
 import time
 
-from trainer.contracts.records import PackedRecord, empty_record_arrays
+from core.contracts.records import PackedRecord, empty_record_arrays
 from trainer.learning.batches import BatchBuffer
 from trainer.learning.feeder import TrajectoryCredits
 

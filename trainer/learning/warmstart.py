@@ -27,8 +27,8 @@ import optax
 from flax import nnx
 
 import environments
-from trainer.policy import tokenizer
-from trainer.policy.model import token_logprobs
+from core.policy import tokenizer
+from core.policy.model import token_logprobs
 
 SCHEDULES = ("constant", "cosine")
 DIRECT_AT = ("first_turn", "any_turn")

@@ -1,7 +1,7 @@
 """The evaluator: scores every published policy version on held-out tasks, beside the
 learner and outside the training data path.
 
-    python -m pipelines.evaluator --policy_root RUN/policy-store --env calculator \\
+    python -m rollout.evaluator --policy_root RUN/policy-store --env calculator \\
         --n 256 --out RUN/eval.jsonl [--stop_file RUN/final_version]
 
 Its own process: locally the demo starts it next to the learner; in the cloud it runs
@@ -29,14 +29,14 @@ from pathlib import Path
 from flax import nnx
 
 import environments
-from pipelines.episodes import EpisodeLimits
-from pipelines.evaluation import MODES, evaluate
-from trainer.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
-from trainer.contracts.store import PolicyStore, StoreError
-from trainer.policy.config import MODEL_CONFIGS, model_config
-from trainer.policy.model import abstract_tree
-from trainer.policy.sampling import Sampler
-from trainer.telemetry import scalars, trace
+from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
+from core.contracts.store import PolicyStore, StoreError
+from core.policy.config import MODEL_CONFIGS, model_config
+from core.policy.model import abstract_tree
+from core.policy.sampling import Sampler
+from core.telemetry import scalars, trace
+from rollout.episodes import EpisodeLimits
+from rollout.evaluation import MODES, evaluate
 
 log = logging.getLogger("evaluator")
 

@@ -19,7 +19,7 @@ DEFAULT_SEQ_LEN = 256
 # tokens 4x as long (docs/BENCHMARKS.md, "Utilization").
 DEFAULT_MAX_SEGMENTS_PER_ROW = 4
 DEFAULT_BUCKETS: tuple[int, ...] = (DEFAULT_SEQ_LEN,)
-# The longest episode by default: the tiny policy's context (trainer.policy.config).
+# The longest episode by default: the tiny policy's context (core.policy.config).
 DEFAULT_MAX_TRAJECTORY_LEN = 256
 
 

@@ -2,7 +2,7 @@
 
 The learner's summary says where every trajectory it asked for went (trainer/learning/
 accounting.py). The rollout workers count the same trajectories from the other end
-(pipelines/telemetry.py, the last `rollout/...` row of each worker process). Joined:
+(rollout/telemetry.py, the last `rollout/...` row of each worker process). Joined:
 
     requested by the learner = episodes the workers ended + dead-lettered requests' episodes
                                + not yet run (in Pub/Sub or waiting in a worker)
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.telemetry.scalars import read_rows
+from core.telemetry.scalars import read_rows
 
 # The learner's drop-notice reason -> the rollout worker's counter for it.
 DROP_COUNTERS = {

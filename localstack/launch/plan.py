@@ -1,4 +1,4 @@
-"""The capacity planner: `python -m localstack.plan --env calculator --tool_latency fixed:2`.
+"""The capacity planner: `python -m localstack.launch.plan --env calculator --tool_latency fixed:2`.
 
 A latency audit before a run. It measures, on this machine:
 - the environment: oracle episodes through the real environment and its latency model
@@ -27,10 +27,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 
 import environments
-from trainer.contracts.record_shape import add_layout_arguments, layout_from_flags
+from core.contracts.record_shape import add_layout_arguments, layout_from_flags
+from core.policy import tokenizer
 from trainer.learning.capacity import Measurements, make_plan
 from trainer.learning.feeder import CreditConfig
-from trainer.policy import tokenizer
 
 DEFAULT_PIPELINE_S = 1.0  # request publish + bundle + commit + record publish + poll, measured ~1 s here
 
@@ -113,10 +113,10 @@ def measure_environment(env_name: str, tool_latency: str, n: int) -> dict:
 # ----------------------------------------------------------------------------- engine
 def measure_engine(slots: int, max_tokens: int, new_tokens: int = 48) -> dict:
     """Every slot busy decoding: the step time an episode's tokens are paid in."""
-    from pipelines.engine import InferenceEngine, Sequence
-    from trainer.policy.config import ModelConfig
-    from trainer.policy.model import init_model, split_params
-    from trainer.policy.sampling import Sampler
+    from core.policy.config import ModelConfig
+    from core.policy.model import init_model, split_params
+    from core.policy.sampling import Sampler
+    from rollout.engine import InferenceEngine, Sequence
 
     cfg = ModelConfig()
     _, params = split_params(init_model(cfg, 0))
@@ -146,7 +146,7 @@ def measure_engine(slots: int, max_tokens: int, new_tokens: int = 48) -> dict:
 def synthetic_trajectory(request_id: str, i: int, n: int, finished_at: float = 0.0):
     """Sample i of a request: n tokens, the first third prompt, then policy tokens with
     alternating reward (the lengths are what packing and the learner's cost depend on)."""
-    from pipelines.trajectory import Trajectory
+    from core.contracts.trajectory import Trajectory
 
     mask = np.zeros(n, np.uint8)
     mask[n // 3 :] = 1
@@ -167,9 +167,9 @@ def synthetic_trajectory(request_id: str, i: int, n: int, finished_at: float = 0
 
 def measure_learner(layout, batch_records: int, lengths: list[int], steps: int) -> dict:
     """The packer's records for these lengths, and the learner's step on them."""
+    from core.policy.config import ModelConfig
     from pipelines.packing import pack
     from trainer.learning.learner import Learner, LearnerConfig
-    from trainer.policy.config import ModelConfig
 
     shape = layout.largest
     need = batch_records * shape.max_trajectories * 2

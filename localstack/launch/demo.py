@@ -1,4 +1,4 @@
-"""The main job on the embedded local stack: `make demo` (python -m localstack.demo).
+"""The main job on the embedded local stack: `make demo` (python -m localstack.launch.demo).
 
 Starts the Pub/Sub emulator, the streaming rollout pipeline (BundleBasedDirectRunner)
 and the learner as separate process groups, waits for the learner to finish, stops
@@ -19,16 +19,17 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from localstack import processes, reconcile
-from localstack.heldout import held_out_summary
-from localstack.live import Progress
-from localstack.processes import ProcessGroup
-from localstack.pubsub_emulator import PubSubEmulator
-from localstack.summary import print_summary
-from trainer.contracts.record_shape import RecordLayout
-from trainer.contracts.store import LATEST
-from trainer.telemetry import trace
-from trainer.telemetry.scalars import read_rows
+from core.contracts.record_shape import RecordLayout
+from core.contracts.store import LATEST
+from core.telemetry import trace
+from core.telemetry.scalars import read_rows
+from localstack.emulators.pubsub import PubSubEmulator
+from localstack.launch import processes
+from localstack.launch.processes import ProcessGroup
+from localstack.reports import reconcile
+from localstack.reports.heldout import held_out_summary
+from localstack.reports.live import Progress
+from localstack.reports.summary import print_summary
 
 TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
 
@@ -95,7 +96,7 @@ def parse_args(argv):
     p.add_argument(
         "--plan",
         default="auto",
-        help="auto: run localstack.plan first and use its credits, staleness bound and engine "
+        help="auto: run localstack.launch.plan first and use its credits, staleness bound and engine "
         "concurrency; a plan JSON to use; off: the learner's and pipeline's own defaults",
     )
     p.add_argument("--target_duty", type=float, default=0.95, help="the learner duty cycle the plan aims at")
@@ -156,7 +157,7 @@ def make_plan(args, workdir: Path, env: dict) -> dict | None:
         cmd = [
             sys.executable,
             "-m",
-            "localstack.plan",
+            "localstack.launch.plan",
             f"--env={args.env}",
             f"--tool_latency={args.tool_latency}",
             f"--batch_records={args.batch_records}",
@@ -194,7 +195,7 @@ def run_local(args) -> dict:
             trace.merge(workdir / "trace", workdir / "trace.json")
     (workdir / "run_summary.json").write_text(json.dumps(summary, indent=2))  # what the report reads
     try:  # the run's results stand without it: a broken report must not fail the run
-        from localstack import report
+        from localstack.reports import report
 
         summary["report"] = str(report.write_report(workdir))
     except Exception as e:
@@ -271,7 +272,7 @@ def _run_pinned(args, started: float, workdir: Path, summary_path: Path, store: 
         eval_cmd = [
             py,
             "-m",
-            "pipelines.evaluator",
+            "rollout.evaluator",
             f"--policy_root={store}",
             f"--out={workdir / 'eval.jsonl'}",
             f"--env={args.env}",

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from trainer.policy.sampling import Sampler
+from core.policy.sampling import Sampler
 
 
 @dataclasses.dataclass(eq=False)

@@ -3,7 +3,7 @@ run leaves: run_summary.json (or an older run's summary.json), eval.jsonl, logs/
 trace.json. Every input is optional: a missing one, or a JSONL line cut short by a killed run,
 costs its plot a one-line note, never the report. Nothing here reaches the network.
 
-    python -m localstack.report WORKDIR [--timeline_out PNG --start_s S --window_s W]
+    python -m localstack.reports.report WORKDIR [--timeline_out PNG --start_s S --window_s W]
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import numpy as np
 matplotlib.use("Agg")  # files only: never needs a display
 import matplotlib.pyplot as plt
 
-from localstack.heldout import held_out_summary
-from localstack.timeline import render_timeline
-from trainer.telemetry.scalars import read_rows as read_jsonl  # tolerant of a line cut short
+from core.telemetry.scalars import read_rows as read_jsonl  # tolerant of a line cut short
+from localstack.reports.heldout import held_out_summary
+from localstack.reports.timeline import render_timeline
 
 DPI = 100
 DEFAULT_TARGET = 0.9
@@ -348,11 +348,11 @@ def _files_section(wd: Path) -> list[str]:
 
 def _accounting_section(acc: dict | None, joined: dict | None = None) -> list[str]:
     """The learner's two trajectory balances (trainer/learning/accounting.py) and, joined to
-    them, the rollout side's counts (localstack/reconcile.py); a mismatch in bold."""
+    them, the rollout side's counts (localstack/reports/reconcile.py); a mismatch in bold."""
     lines = ["## Where every trajectory went", ""]
     if not acc:
         return lines + ["_Skipped: no accounting in the summary (a run from before it was kept)._", ""]
-    from localstack.reconcile import format_reconciliation
+    from localstack.reports.reconcile import format_reconciliation
     from trainer.learning.accounting import format_accounting
 
     bold = lambda line: f"- **{line}**" if line.startswith("MISMATCH") else f"- {line}"

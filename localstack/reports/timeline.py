@@ -1,8 +1,8 @@
 """The run's timeline as a picture: a window of trace.json (Chrome trace events, as
-trainer.telemetry.trace writes them) drawn as a Gantt chart, one row per (process, track).
+core.telemetry.trace writes them) drawn as a Gantt chart, one row per (process, track).
 The report embeds it; the README's busy and starved pictures come from it:
 
-    python -m localstack.report WORKDIR --timeline_out PNG [--start_s S --window_s W]
+    python -m localstack.reports.report WORKDIR --timeline_out PNG [--start_s S --window_s W]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The rollout side's live numbers, per process: what its episodes, packer and policy
 poller did, written every `every_s` seconds as one `rollout/...` row (TensorBoard and
-JSONL, trainer.telemetry.scalars) and as spans on the process's trace.
+JSONL, core.telemetry.scalars) and as spans on the process's trace.
 
 Why not Beam Metrics alone: BundleBasedDirectRunner reports only the first bundle's
 metric updates of a running job (DESIGN.md), so a local run's counters would read near
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from trainer.telemetry import scalars, trace
+from core.telemetry import scalars, trace
 
 # Per-episode environment latency buckets (upper edges, ms): the report's distribution.
 LATENCY_EDGES_MS = (10, 50, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000)

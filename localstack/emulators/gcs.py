@@ -35,8 +35,8 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-from localstack.env_vars import AppliesEnv
-from localstack.processes import ProcessGroup
+from localstack.emulators.env_vars import AppliesEnv
+from localstack.launch.processes import ProcessGroup
 
 DEFAULT_PROJECT = "local-agentic-rl"
 DEFAULT_BUCKET = "local-policy-store"
@@ -103,7 +103,7 @@ class GcsEmulator(AppliesEnv):
     def _spawn_and_wait(self, port: int) -> None:
         repo = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
-        code = f"from localstack.gcs_emulator import serve; serve({port}, quiet={not self.verbose})"
+        code = f"from localstack.emulators.gcs import serve; serve({port}, quiet={not self.verbose})"
         # cwd: the emulator may create ./.cloudstorage even in memory mode; keep it in our dir.
         self._group = ProcessGroup(
             [sys.executable, "-c", code], self._dir / f"gcs-emulator-{port}.log", env=env, cwd=str(self._dir)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from localstack import reconcile
-from localstack.heldout import format_held_out
+from localstack.reports import reconcile
+from localstack.reports.heldout import format_held_out
 from trainer.learning.accounting import format_accounting
 
 

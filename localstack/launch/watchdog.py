@@ -6,7 +6,7 @@ on under init (the emulator's JVM, a Beam pipeline at half a core). So the launc
 one watchdog, in a session of its own so no signal meant for the launcher's group reaches
 it, and registers every process group it starts in a small file:
 
-    python -m localstack.watchdog --parent PID --registry FILE
+    python -m localstack.launch.watchdog --parent PID --registry FILE
 
 The watchdog polls every `--poll_s`; once PID is gone it SIGTERMs each registered group,
 SIGKILLs what is left after a grace period, deletes the registry and exits. It also exits
@@ -51,7 +51,7 @@ def alive(pid: int) -> bool:
 
 
 def stop_groups(pgids: list[int], grace_s: float) -> None:
-    from localstack.processes import group_alive
+    from localstack.launch.processes import group_alive
 
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
         for g in pgids:
@@ -91,7 +91,7 @@ class Watchdog:
         cmd = [
             sys.executable,
             "-m",
-            "localstack.watchdog",
+            "localstack.launch.watchdog",
             f"--parent={os.getpid()}",
             f"--registry={registry}",
             f"--poll_s={poll_s}",

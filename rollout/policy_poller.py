@@ -16,9 +16,9 @@ import time
 import jax
 from flax import nnx
 
-from trainer.contracts.store import PolicyStore, StoreError
-from trainer.policy.model import abstract_tree
-from trainer.telemetry import trace
+from core.contracts.store import PolicyStore, StoreError
+from core.policy.model import abstract_tree
+from core.telemetry import trace
 
 log = logging.getLogger(__name__)
 

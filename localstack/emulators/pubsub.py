@@ -25,9 +25,9 @@ from pathlib import Path
 
 from google.api_core import exceptions as gexc
 
-from localstack.env_vars import AppliesEnv
-from localstack.processes import kill_group, track, untrack
-from trainer.contracts import pubsub_io
+from core.contracts import pubsub_io
+from localstack.emulators.env_vars import AppliesEnv
+from localstack.launch.processes import kill_group, track, untrack
 
 DEFAULT_PROJECT = "local-agentic-rl"  # Beam refuses project ids not of the real form
 INSTALL_HINT = (

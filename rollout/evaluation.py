@@ -14,9 +14,9 @@ import time
 import numpy as np
 
 import environments
-from pipelines.engine import InferenceEngine
-from pipelines.episodes import EpisodeLimits, run_episode
-from trainer.policy.sampling import Sampler
+from core.policy.sampling import Sampler
+from rollout.engine import InferenceEngine
+from rollout.episodes import EpisodeLimits, run_episode
 
 MODES = ("sampled", "greedy")  # temperature 1 (what RL trains on; judge by this), and argmax
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainer.policy import tokenizer
+from core.policy import tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

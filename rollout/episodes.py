@@ -14,14 +14,14 @@ import time
 
 import numpy as np
 
+from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
+from core.contracts.trajectory import Trajectory
+from core.policy import tokenizer
+from core.rl.advantages import ADVANTAGE_ESTIMATORS
+from core.telemetry import trace
 from environments import Environment, EpisodeStatus, StepResult, Task
 from environments.tool_calls import TURN_STOP_STRINGS
-from pipelines.engine import InferenceEngine, Sequence
-from pipelines.trajectory import Trajectory
-from trainer.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
-from trainer.policy import tokenizer
-from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
-from trainer.telemetry import trace
+from rollout.engine import InferenceEngine, Sequence
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-_watchdog = None  # this process's localstack.watchdog.Watchdog, once started
+_watchdog = None  # this process's localstack.launch.watchdog.Watchdog, once started
 
 
 def start_watchdog():
@@ -38,7 +38,7 @@ def start_watchdog():
         import atexit
         import tempfile
 
-        from localstack.watchdog import Watchdog
+        from localstack.launch.watchdog import Watchdog
 
         fd, registry = tempfile.mkstemp(prefix="agentic-rl-watchdog-", suffix=".groups")
         os.close(fd)

@@ -11,14 +11,14 @@ import logging
 import time
 
 import environments
-from pipelines.engine import InferenceEngine
-from pipelines.engine_config import EngineConfig
-from pipelines.policy import PolicyHandle
-from pipelines.telemetry import install, make_telemetry
-from trainer.contracts.store import PolicyStore
-from trainer.policy.config import model_config
-from trainer.policy.sampling import Sampler
-from trainer.telemetry import trace
+from core.contracts.store import PolicyStore
+from core.policy.config import model_config
+from core.policy.sampling import Sampler
+from core.telemetry import trace
+from rollout.engine import InferenceEngine
+from rollout.engine_config import EngineConfig
+from rollout.policy_poller import PolicyHandle
+from rollout.telemetry import install, make_telemetry
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from pipelines.episodes import EpisodeLimits
-from trainer.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
-from trainer.policy.config import MODEL_CONFIGS
-from trainer.rl.advantages import ADVANTAGE_ESTIMATORS
+from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
+from core.policy.config import MODEL_CONFIGS
+from core.rl.advantages import ADVANTAGE_ESTIMATORS
+from rollout.episodes import EpisodeLimits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,7 @@ class EngineConfig:
     # How long a worker waits for the first policy version, and for a request's minimum one.
     policy_wait_s: float = 300.0
     advantage_estimator: str = "grpo"
-    logdir: str | None = None  # rollout/... scalars (pipelines/telemetry.py); None: not written
+    logdir: str | None = None  # rollout/... scalars (rollout/telemetry.py); None: not written
     trace_dir: str | None = None  # timeline spans; None: tracing off
     telemetry_every_s: float = 2.0
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from trainer.policy.config import ModelConfig
+from core.policy.config import ModelConfig
 
 
 def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:

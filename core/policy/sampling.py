@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from trainer.policy.config import ModelConfig
-from trainer.policy.model import init_model, split_params
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params
 
 
 class Sampler:

@@ -1,0 +1,260 @@
+"""Typed config trees -> command lines, and back.
+
+A process's configuration is one tree of frozen dataclasses. Each leaf field is declared
+once, with `knob(default, help)`: its type, its one default and its documentation. From
+the tree this module makes:
+- argparse flags (`add_arguments`, also Beam's `PipelineOptions._add_argparse_args`),
+- the tree again from parsed flags (`from_namespace`, `parse`),
+- the flags that rebuild a given tree in another process (`to_argv`),
+- a Markdown table of every flag (`markdown_table`, docs/CONFIG.md).
+
+Flags are flat (`--batch_records`, not `--learner.loss.eps_low`): a section's fields join
+the flags of the tree that holds it, under the section's `prefix` ("" by default, so the
+flag names of a component config stay the names users know). A name used twice in one
+tree is refused when the parser is built. Why not tyro: Beam builds its options parser
+itself and only asks each `PipelineOptions` class to add arguments to it, and the flat
+names the refusal table, the docs and the Dataflow job use stay as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+_HELP, _FLAG, _SECTION, _PREFIX, _CHOICES = "help", "flag", "section", "prefix", "choices"
+
+
+def knob(default: Any = dataclasses.MISSING, help: str = "", *, choices=None, flag: bool | str = True, **kw):
+    """A config field that is a flag: its one default and its help text. `flag=False` for a
+    field the builder fills in (derived from another field), `flag="name"` to rename."""
+    metadata = {_HELP: help, _FLAG: flag, _CHOICES: tuple(choices) if choices is not None else None}
+    if isinstance(default, (list, dict, set)):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata, **kw)
+    return dataclasses.field(default=default, metadata=metadata, **kw)
+
+
+def derived(default: Any = None, help: str = ""):
+    """A field set by the code that builds the config (from other fields), never a flag."""
+    return knob(default, help, flag=False)
+
+
+def section(factory, prefix: str = "", help: str = ""):
+    """A nested config: its flags join the tree's, each under `prefix`."""
+    return dataclasses.field(default_factory=factory, metadata={_SECTION: True, _PREFIX: prefix, _HELP: help})
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One flag of a tree: where it lives (`path` of field names) and how it parses."""
+
+    path: tuple[str, ...]
+    flag: str
+    type: Any
+    default: Any
+    help: str
+    choices: tuple | None
+    section: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.replace(".", "__")
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _base_type(tp):
+    """`int | None` -> (int, True); `int` -> (int, False)."""
+    args = typing.get_args(tp)
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return (inner[0] if len(inner) == 1 else str), True
+    return tp, False
+
+
+def leaves(cls, prefix: str = "", path: tuple[str, ...] = (), section_name: str = "") -> Iterator[Leaf]:
+    """Every flag of the tree rooted at dataclass `cls`, depth first, in field order."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get(_SECTION):
+            sub = hints[f.name]
+            yield from leaves(sub, prefix + f.metadata.get(_PREFIX, ""), path + (f.name,), section_name or f.name)
+            continue
+        flag = f.metadata.get(_FLAG, True)
+        if flag is False or not f.init:
+            continue
+        name = flag if isinstance(flag, str) else f.name
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        yield Leaf(
+            path + (f.name,),
+            prefix + name,
+            hints[f.name],
+            default,
+            f.metadata.get(_HELP, ""),
+            f.metadata.get(_CHOICES),
+            section_name or cls.__name__,
+        )
+
+
+def _parse_value(text: str, tp):
+    base, _ = _base_type(tp)
+    origin = typing.get_origin(base)
+    if base is bool:
+        return text.lower() in ("1", "true", "yes")
+    if base in (int, float, str):
+        return base(text)
+    if origin is tuple or base is tuple:
+        item = (typing.get_args(base) or (str,))[0]
+        return tuple(item(x) for x in text.split(",") if x != "")
+    if origin is dict or base is dict:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+        return value
+    return text
+
+
+def _format_value(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def add_arguments(parser, cls, prefix: str = "") -> list[Leaf]:
+    """Adds one flag per leaf of `cls` to an argparse parser (or Beam's); refuses a tree
+    that would give two fields the same flag."""
+    seen: dict[str, Leaf] = {}
+    out = []
+    for leaf in leaves(cls, prefix):
+        if leaf.flag in seen:
+            raise TypeError(f"--{leaf.flag} is declared twice in {cls.__name__}: {seen[leaf.flag].path} and {leaf.path}")
+        seen[leaf.flag] = leaf
+        base, optional = _base_type(leaf.type)
+        doc = leaf.help + ("" if leaf.default is dataclasses.MISSING else f" (default: {_format_value(leaf.default)})")
+        kw: dict[str, Any] = {"dest": leaf.dest, "help": doc.replace("%", "%%")}
+        if leaf.default is dataclasses.MISSING:
+            kw["required"] = True
+        else:
+            kw["default"] = leaf.default
+        if base is bool and not optional:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = lambda text, tp=leaf.type: _parse_value(text, tp)
+            kw["metavar"] = getattr(base, "__name__", "VALUE").upper()
+            if leaf.choices is not None:
+                kw["choices"] = leaf.choices
+        parser.add_argument(f"--{leaf.flag}", **kw)
+        out.append(leaf)
+    return out
+
+
+def from_namespace(cls, ns, prefix: str = ""):
+    """The tree of `cls` from parsed flags (an argparse Namespace or a Beam options view).
+    Each section is built bottom up, so every `__post_init__` check runs."""
+    values = vars(ns) if not isinstance(ns, dict) else ns
+    return _build(cls, values, prefix, ())
+
+
+def _build(cls, values: dict, prefix: str, path: tuple[str, ...]):
+    hints = _hints(cls)
+    by_path = {leaf.path: leaf for leaf in leaves(cls, prefix, path)}
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.metadata.get(_SECTION):
+            kwargs[f.name] = _build(hints[f.name], values, prefix + f.metadata.get(_PREFIX, ""), path + (f.name,))
+            continue
+        leaf = by_path.get(path + (f.name,))
+        if leaf is not None and leaf.dest in values:
+            kwargs[f.name] = values[leaf.dest]
+    return cls(**kwargs)
+
+
+def parse(cls, argv: list[str] | None, description: str = "", prog: str | None = None):
+    """Parses `argv` into a tree of `cls`; a refused setting exits with argparse's error."""
+    parser = make_parser(cls, description, prog)
+    ns = parser.parse_args(argv)
+    try:
+        return from_namespace(cls, ns)
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
+
+
+def make_parser(cls, description: str = "", prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser, cls)
+    return parser
+
+
+def get(tree, path: tuple[str, ...]):
+    for name in path:
+        tree = getattr(tree, name)
+    return tree
+
+
+def to_argv(tree, prefix: str = "", *, only_changed: bool = True) -> list[str]:
+    """The flags that rebuild `tree` in a process that parses `type(tree)`: every field that
+    differs from its default (all with `only_changed=False`), plus required ones."""
+    out = []
+    for leaf in leaves(type(tree), prefix):
+        value = get(tree, leaf.path)
+        if only_changed and leaf.default is not dataclasses.MISSING and value == leaf.default:
+            continue
+        base, optional = _base_type(leaf.type)
+        if value is None:
+            if leaf.default not in (None, dataclasses.MISSING):
+                raise ValueError(f"--{leaf.flag}: unset cannot be said on a command line whose default is set")
+            continue
+        if base is bool and not optional:
+            out.append(f"--{leaf.flag}" if value else f"--no-{leaf.flag}")
+        else:
+            out.append(f"--{leaf.flag}={_format_value(value)}")
+    return out
+
+
+def replace(tree, **changes):
+    """`dataclasses.replace` by flag name anywhere in the tree: replace(cfg, eps_low=0.1)."""
+    by_flag = {leaf.flag: leaf.path for leaf in leaves(type(tree))}
+    for flag, value in changes.items():
+        if flag not in by_flag:
+            raise KeyError(f"{type(tree).__name__} has no flag --{flag}")
+        tree = _replace_path(tree, by_flag[flag], value)
+    return tree
+
+
+def _replace_path(tree, path: tuple[str, ...], value):
+    if len(path) == 1:
+        return dataclasses.replace(tree, **{path[0]: value})
+    return dataclasses.replace(tree, **{path[0]: _replace_path(getattr(tree, path[0]), path[1:], value)})
+
+
+def markdown_table(cls, title: str, command: str) -> str:
+    """One section of docs/CONFIG.md: every flag of `cls`, its type, default and doc."""
+    lines = [f"## {title}", "", f"`{command}`", "", "| flag | type | default | what it sets |", "|---|---|---|---|"]
+    for leaf in leaves(cls):
+        base, optional = _base_type(leaf.type)
+        tname = getattr(base, "__name__", str(base)) + (" or unset" if optional else "")
+        if leaf.choices:
+            tname = " \\| ".join(map(str, leaf.choices))
+        default = "required" if leaf.default is dataclasses.MISSING else f"`{_format_value(leaf.default)}`"
+        if leaf.default is None:
+            default = "unset"
+        lines.append(f"| `--{leaf.flag}` | {tname} | {default} | {leaf.help.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
