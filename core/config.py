@@ -126,6 +126,28 @@ def _parse_value(text: str, tp):
     return text
 
 
+def _parser_for(tp):
+    def parse_text(text: str):
+        try:
+            return _parse_value(text, tp)
+        except (ValueError, json.JSONDecodeError) as e:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {_type_name(tp)} ({e})") from None
+
+    return parse_text
+
+
+def _type_name(tp) -> str:
+    base, optional = _base_type(tp)
+    origin = typing.get_origin(base)
+    if origin is tuple:
+        name = "comma-separated list of " + getattr(typing.get_args(base)[0], "__name__", "values")
+    elif origin is dict or base is dict:
+        name = "JSON object"
+    else:
+        name = getattr(base, "__name__", str(base))
+    return name + (" or unset" if optional else "")
+
+
 def _format_value(value) -> str:
     if isinstance(value, tuple):
         return ",".join(map(str, value))
@@ -141,7 +163,9 @@ def add_arguments(parser, cls, prefix: str = "") -> list[Leaf]:
     out = []
     for leaf in leaves(cls, prefix):
         if leaf.flag in seen:
-            raise TypeError(f"--{leaf.flag} is declared twice in {cls.__name__}: {seen[leaf.flag].path} and {leaf.path}")
+            raise TypeError(
+                f"--{leaf.flag} is declared twice in {cls.__name__}: {seen[leaf.flag].path} and {leaf.path}"
+            )
         seen[leaf.flag] = leaf
         base, optional = _base_type(leaf.type)
         doc = leaf.help + ("" if leaf.default is dataclasses.MISSING else f" (default: {_format_value(leaf.default)})")
@@ -153,7 +177,7 @@ def add_arguments(parser, cls, prefix: str = "") -> list[Leaf]:
         if base is bool and not optional:
             kw["action"] = argparse.BooleanOptionalAction
         else:
-            kw["type"] = lambda text, tp=leaf.type: _parse_value(text, tp)
+            kw["type"] = _parser_for(leaf.type)
             kw["metavar"] = getattr(base, "__name__", "VALUE").upper()
             if leaf.choices is not None:
                 kw["choices"] = leaf.choices
@@ -249,12 +273,11 @@ def markdown_table(cls, title: str, command: str) -> str:
     """One section of docs/CONFIG.md: every flag of `cls`, its type, default and doc."""
     lines = [f"## {title}", "", f"`{command}`", "", "| flag | type | default | what it sets |", "|---|---|---|---|"]
     for leaf in leaves(cls):
-        base, optional = _base_type(leaf.type)
-        tname = getattr(base, "__name__", str(base)) + (" or unset" if optional else "")
+        tname = _type_name(leaf.type)
         if leaf.choices:
             tname = " \\| ".join(map(str, leaf.choices))
         default = "required" if leaf.default is dataclasses.MISSING else f"`{_format_value(leaf.default)}`"
-        if leaf.default is None:
-            default = "unset"
+        if leaf.default is None or leaf.default in ((), {}, ""):
+            default = "unset" if leaf.default is None else "empty"
         lines.append(f"| `--{leaf.flag}` | {tname} | {default} | {leaf.help.replace('|', '/')} |")
     return "\n".join(lines) + "\n"

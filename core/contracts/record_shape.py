@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from core.config import knob
+
 DEFAULT_ROWS = 4
 DEFAULT_SEQ_LEN = 256
 # Bounds the trajectories per record, which the feeder's credit rule relies on. 4: the
@@ -110,42 +112,31 @@ class RecordLayout:
         ]
 
 
-def parse_buckets(text: str | None, seq_len: int) -> tuple[int, ...]:
-    """ "128,256" -> (128, 256); None or "" -> (seq_len,). Order is checked by RecordLayout,
-    which refuses unsorted or repeated buckets instead of silently fixing them."""
-    if not text:
-        return (seq_len,)
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"--buckets must be comma-separated integers, got {text!r}") from None
+@dataclasses.dataclass(frozen=True)
+class LayoutConfig:
+    """The record layout's flags, the same for the learner, the rollout job, the demo and
+    the planner (each process's config tree holds this section)."""
 
-
-def add_layout_arguments(parser) -> None:
-    """--rows, --seq_len, --max_segments_per_row, --buckets on an argparse parser (also
-    Beam's PipelineOptions parser)."""
-    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="rows per packed record")
-    parser.add_argument(
-        "--seq_len", type=int, default=DEFAULT_SEQ_LEN, help="record row length when --buckets is not given"
-    )
-    parser.add_argument(
-        "--max_segments_per_row",
-        type=int,
-        default=DEFAULT_MAX_SEGMENTS_PER_ROW,
-        help="trajectories packed into one row at most",
-    )
-    parser.add_argument(
-        "--buckets", default=None, help="record row lengths, strictly ascending, e.g. 128,256 (default: --seq_len)"
-    )
-    parser.add_argument(
-        "--max_trajectory_len",
-        type=int,
-        default=None,
-        help=f"the longest episode, prompt included (default: {DEFAULT_MAX_TRAJECTORY_LEN} or the largest bucket)",
+    rows: int = knob(DEFAULT_ROWS, "rows per packed record")
+    seq_len: int = knob(DEFAULT_SEQ_LEN, "record row length when --buckets is not given")
+    max_segments_per_row: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories packed into one row at most")
+    buckets: tuple[int, ...] = knob((), "record row lengths, strictly ascending, e.g. 128,256 (empty: --seq_len)")
+    max_trajectory_len: int | None = knob(
+        None, f"the longest episode, prompt included (unset: {DEFAULT_MAX_TRAJECTORY_LEN} or the largest bucket)"
     )
 
+    def __post_init__(self):
+        _ = self.layout  # refused here, at start-up, naming the flag
 
-def layout_from_flags(ns) -> RecordLayout:
-    """The layout named by flags added with `add_layout_arguments`."""
-    buckets = parse_buckets(ns.buckets, ns.seq_len)
-    return RecordLayout(buckets, ns.rows, ns.max_segments_per_row, getattr(ns, "max_trajectory_len", None))
+    @property
+    def layout(self) -> RecordLayout:
+        return RecordLayout(
+            self.buckets or (self.seq_len,), self.rows, self.max_segments_per_row, self.max_trajectory_len
+        )
+
+    @classmethod
+    def of(cls, layout: RecordLayout) -> LayoutConfig:
+        """The flags that give `layout`."""
+        return cls(
+            layout.rows, layout.max_seq_len, layout.max_segments_per_row, layout.buckets, layout.max_trajectory_len
+        )
