@@ -1,10 +1,11 @@
-# Two entry points: `make demo` (main job on the embedded local stack) and `make test`.
+# Two entry points: `make demo` (main job on the embedded local stack) and `make test`
+# (`make test-fast`: its unit tier).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean system-deps
+.PHONY: demo test test-fast lint bench clean system-deps
 
 $(STAMP): setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,8 +32,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Everything but the slow tier.
 test: $(STAMP) system-deps lint
 	$(PY) -m pytest -q $(ARGS) tests
+
+# The unit tier: no entry point or emulator in another process (e2e), nothing slow.
+test-fast: $(STAMP) system-deps lint
+	$(PY) -m pytest -q -m 'not e2e and not slow' $(ARGS) tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

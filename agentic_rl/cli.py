@@ -20,7 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("localstack.launch.plan", "a capacity plan: credits, staleness bound and engine slots"),
     "report": ("localstack.reports.report", "the report of a finished run (report.md, plots, timeline)"),
     "soak": ("benchmarks.soak", "the long-running soak: the demo's processes watched for growth"),
-    "vertex": ("trainer.cloud.vertex", "build (and with --submit, submit) the learner's Vertex AI job"),
+    "vertex": (
+        "trainer.cloud.vertex",
+        "the learner as a Vertex AI custom job: --dry_run builds and checks it offline, else submits",
+    ),
     "generate": ("agentic_rl.pending", "sample from a policy or a Hugging Face checkpoint (issue 20)"),
     "export": ("agentic_rl.pending", "export a policy version as a Hugging Face checkpoint (issue 20)"),
 }

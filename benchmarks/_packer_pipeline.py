@@ -18,7 +18,7 @@ the runner's Pub/Sub pull short so processing-time timers fire on time.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -30,6 +30,8 @@ import apache_beam as beam
 from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from core import config
+from core.config import knob
 from core.contracts import records
 from core.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 from localstack.launch.plan import synthetic_trajectory
@@ -55,17 +57,22 @@ def to_message(f) -> PubsubMessage:
     return PubsubMessage(data=records.encode(f.record), attributes=attrs)
 
 
+@dataclasses.dataclass(frozen=True)
+class PackerPipelineConfig:
+    input_subscription: str = knob(help="the subscription of trajectory groups")
+    output_topic: str = knob(help="the topic records go to")
+    rows: int = knob(4, "rows per record")
+    seq_len: int = knob(256, "tokens per record row (the one bucket)")
+    max_segments_per_row: int = knob(2, "trajectories per row at most")
+    max_wait_s: float = knob(2.0, "the packer's max wait, s")
+    window_s: float = knob(60.0, "the packer's event-time window, s")
+    heartbeat_s: float = knob(0.1, "heartbeat period on the input subscription, s (0: none)")
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--input_subscription", required=True)
-    ap.add_argument("--output_topic", required=True)
-    ap.add_argument("--rows", type=int, default=4)
-    ap.add_argument("--seq_len", type=int, default=256)
-    ap.add_argument("--max_segments_per_row", type=int, default=2)
-    ap.add_argument("--max_wait_s", type=float, default=2.0)
-    ap.add_argument("--window_s", type=float, default=60.0)
-    ap.add_argument("--heartbeat_s", type=float, default=0.1)
-    args, beam_argv = ap.parse_known_args(argv)
+    # Flags not ours are Beam's.
+    ns, beam_argv = config.make_parser(PackerPipelineConfig, __doc__).parse_known_args(argv)
+    args = config.from_namespace(PackerPipelineConfig, ns)
     options = PipelineOptions(beam_argv)
     options.view_as(StandardOptions).streaming = True
     cfg = PackingConfig(

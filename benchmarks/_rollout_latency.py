@@ -14,8 +14,8 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rollout/, not rollout.py
 
 from _envs import ScriptedConfig, ScriptedToolEnv
 from _report import fmt, print_table
@@ -160,7 +160,7 @@ def bench_latency(samplers: Samplers, args, caps: dict[int, float]) -> dict:
     params = samplers.params
     results = []
     L1 = None
-    for C, slots in args.latency_configs:
+    for C, slots in args.latency_pairs:
         r = run_continuous(
             samplers.get(slots),
             params,

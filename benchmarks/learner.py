@@ -34,7 +34,7 @@ The emulator (a gcloud + java process group) is stopped on exit, also on error.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import datetime
 import os
 import statistics
@@ -50,6 +50,9 @@ from _learner_common import PhaseTimer, StepCall, make_records, pct, publish_rec
 from _learner_decode import bench_decode, bench_poll  # noqa: E402
 from _learner_profile import bench_profile, forward_ms  # noqa: E402
 from _report import loadavg, machine_info, print_table  # noqa: E402
+
+from core import config  # noqa: E402
+from core.config import knob  # noqa: E402
 
 SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
 
@@ -256,34 +259,36 @@ def bench_steps(args) -> None:
 
 
 # ----------------------------------------------------------------------------- main
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a short run of every section")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
-    p.add_argument("--rows", type=int, default=4)
-    p.add_argument("--seq_len", type=int, default=256)
-    p.add_argument("--records", type=int, default=200, help="ceiling: records pre-filled")
-    p.add_argument("--batch_records", type=int, default=2, help="ceiling: records per step")
-    p.add_argument("--ceiling_timeout_s", type=float, default=300.0)
-    p.add_argument("--batch_sizes", default="1,2,4,8", help="steps: batch_records values")
-    p.add_argument("--warmup", type=int, default=3, help="steps: untimed steps after compile")
-    p.add_argument("--steps", type=int, default=20, help="steps: timed steps per batch size")
-    p.add_argument("--profile_steps", type=int, default=5, help="profile: traced steps")
-    p.add_argument("--profile_top", type=int, default=8, help="profile: op kinds listed")
-    p.add_argument("--decode_n", type=int, default=500, help="decode: decodes per shape")
-    p.add_argument("--poll_records", type=int, default=500, help="poll: records pre-filled")
-    p.add_argument("--poll_max_messages", default="10,100", help="poll: max_messages values")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.records, args.steps, args.warmup, args.decode_n, args.poll_records = 40, 5, 1, 100, 100
-        args.profile_steps = 2
-    args.sections = [s for s in args.sections.split(",") if s]
-    unknown = set(args.sections) - set(SECTIONS)
-    if unknown:
-        p.error(f"unknown sections {sorted(unknown)}; known: {SECTIONS}")
-    args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
-    args.poll_max_messages = [int(x) for x in args.poll_max_messages.split(",")]
-    return args
+QUICK = {"records": 40, "steps": 5, "warmup": 1, "decode_n": 100, "poll_records": 100, "profile_steps": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerBenchConfig:
+    quick: bool = knob(False, "a short run of every section: sets " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    sections: tuple[str, ...] = knob(SECTIONS, f"comma-separated subset of {SECTIONS}")
+    rows: int = knob(4, "rows per record")
+    seq_len: int = knob(256, "tokens per record row")
+    records: int = knob(200, "ceiling: records pre-filled")
+    batch_records: int = knob(2, "ceiling: records per step")
+    ceiling_timeout_s: float = knob(300.0, "ceiling: give up after this long")
+    batch_sizes: tuple[int, ...] = knob((1, 2, 4, 8), "steps: batch_records values")
+    warmup: int = knob(3, "steps: untimed steps after compile")
+    steps: int = knob(20, "steps: timed steps per batch size")
+    profile_steps: int = knob(5, "profile: traced steps")
+    profile_top: int = knob(8, "profile: op kinds listed")
+    decode_n: int = knob(500, "decode: decodes per shape")
+    poll_records: int = knob(500, "poll: records pre-filled")
+    poll_max_messages: tuple[int, ...] = knob((10, 100), "poll: max_messages values")
+
+    def __post_init__(self):
+        unknown = set(self.sections) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown sections {sorted(unknown)}; known: {SECTIONS}")
+
+
+def parse_args(argv=None) -> LearnerBenchConfig:
+    cfg = config.parse(LearnerBenchConfig, argv, description=__doc__)
+    return dataclasses.replace(cfg, **QUICK) if cfg.quick else cfg
 
 
 def main(argv=None) -> int:

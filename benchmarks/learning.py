@@ -14,7 +14,7 @@ tables that docs/RESULTS.md quotes. Runs one job at a time: the machine has 2 co
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _report import loadavg, machine_info, print_table
 
+from core import config
+from core.config import knob
 from core.telemetry.scalars import read_rows
 from localstack.launch.demo import parse_args, run_local
 from localstack.reports.heldout import curve, held_out_summary
@@ -77,33 +79,33 @@ def plot(jobs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="docs/results", help="where learning.json and learning_curve.png go")
-    p.add_argument("--workdir", default="/tmp/learning-bench", help="run directories (logs, stores)")
-    p.add_argument("--demo_flags", default="", help="extra flags for every demo run")
-    p.add_argument("--envs", default="guess,code", help="other environments, before/after (empty: none)")
-    p.add_argument("--env_flags", default="--max_steps=40", help="extra flags for the other environments")
-    p.add_argument(
-        "--flags_for",
-        action="append",
-        default=["code=--warmstart_tasks=600 --warmstart_steps=600"],
-        metavar="ENV=FLAGS",
-        help="extra flags for one environment (the code oracle runs the sandbox twice per demonstration, "
-        "so its warm start uses fewer of them)",
+@dataclasses.dataclass(frozen=True)
+class LearningBenchConfig:
+    out: str = knob("docs/results", "where learning.json and learning_curve.png go")
+    workdir: str = knob("/tmp/learning-bench", "run directories (logs, stores)")
+    demo_flags: str = knob("", "extra flags for every demo run")
+    envs: tuple[str, ...] = knob(("guess", "code"), "other environments, before/after (empty: none)")
+    env_flags: str = knob("--max_steps=40", "extra flags for the other environments")
+    # The code oracle runs the sandbox twice per demonstration, so its warm start uses fewer.
+    flags_for: dict[str, str] = knob(
+        {"code": "--warmstart_tasks=600 --warmstart_steps=600"},
+        'extra flags for single environments, {"ENV": "FLAGS", ...} (replaces the default)',
     )
-    p.add_argument("--no_control", action="store_true")
-    p.add_argument("--from_runs", action="store_true", help="only assemble tables, JSON and plot from --workdir")
-    args = p.parse_args(argv)
+    no_control: bool = knob(False, "skip the RL-off control run")
+    from_runs: bool = knob(False, "only assemble tables, JSON and plot from --workdir")
+
+
+def main(argv=None) -> int:
+    args = config.parse(LearningBenchConfig, argv, description=__doc__)
     out, work = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine_info()}  load: {loadavg()}", flush=True)
     extra = shlex.split(args.demo_flags)
-    per_env = dict(f.split("=", 1) for f in args.flags_for)
+    per_env = args.flags_for
     plan = [("calculator, async RL (make demo)", "calc-rl", extra)]
     if not args.no_control:
         plan.append(("calculator, RL off (learning rate 0)", "calc-control", [*extra, "--learning_rate=0"]))
-    for env in [e for e in args.envs.split(",") if e]:
+    for env in args.envs:
         flags = [*extra, f"--env={env}", *shlex.split(args.env_flags), *shlex.split(per_env.get(env, ""))]
         plan.append((f"{env}, async RL", env, flags))
     jobs = [(job_from_run if args.from_runs else run_job)(name, work / d, flags) for name, d, flags in plan]

@@ -26,85 +26,98 @@ Sections (tiny model: core.policy.config.ModelConfig() defaults, random init, JA
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The repo root first: `import rollout` must find the rollout/ package, not this file.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from _report import loadavg, machine_info
 from _rollout_decode import LENGTH, Samplers, bench_decode, decode_caps
 from _rollout_latency import bench_latency, profile_c64
 from _rollout_packing import bench_flush, bench_packing, length_pools, sample_stream
 
+from core import config
+from core.config import knob
 from core.contracts.record_shape import DEFAULT_MAX_SEGMENTS_PER_ROW
 from core.policy.config import ModelConfig
 from core.policy.model import init_model, split_params
+from pipelines.packing_config import PackingConfig
 
 SECTIONS = ("decode", "latency", "packing", "flush")
 
 
 # ----------------------------------------------------------------------------- main
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="short windows and fewer tokens (~2-3 min)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
-    p.add_argument("--tool_latency_s", type=float, default=1.0)
-    p.add_argument("--env_steps", type=int, default=3, help="env steps per episode (2 tool turns + a final answer)")
-    p.add_argument("--tokens_per_turn", type=int, default=16)
-    p.add_argument("--latency_configs", default="1:1,8:8,32:32,64:64,64:32", help="C:slots pairs; C=1:slots=1 gives L1")
-    p.add_argument("--window_s", type=float, default=None, help="steady-state window per config (default 30, quick 8)")
-    p.add_argument("--warm_s", type=float, default=None, help="warm-up before the window (default 4.5, quick 3.5)")
-    p.add_argument(
-        "--profile",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="cProfile one more C=64 run (latency section)",
+# Settings left unset take these (full run, --quick) values.
+_UNSET = {
+    "window_s": (30.0, 8.0),
+    "warm_s": (4.5, 3.5),
+    "profile_s": (10.0, 5.0),
+    "decode_tokens": (200, 64),
+    "packing_tasks": (60, 20),
+    "packing_n": (2000, 400),
+    "flush_phase_s": (30.0, 10.0),
+}
+
+
+def _unset(name: str, text: str) -> str:
+    full, quick = _UNSET[name]
+    return f"{text} (unset: {full:g}, with --quick {quick:g})"
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutBenchConfig:
+    quick: bool = knob(False, "short windows and fewer tokens: the second value of every unset setting")
+    sections: tuple[str, ...] = knob(SECTIONS, f"comma-separated subset of {SECTIONS}")
+    tool_latency_s: float = knob(1.0, "latency: wait of every scripted environment step, s")
+    env_steps: int = knob(3, "env steps per episode (2 tool turns + a final answer)")
+    tokens_per_turn: int = knob(16, "latency: tokens generated per model turn")
+    latency_configs: tuple[str, ...] = knob(
+        ("1:1", "8:8", "32:32", "64:64", "64:32"), "C:slots pairs; C=1:slots=1 gives L1"
     )
-    p.add_argument("--profile_s", type=float, default=None, help="profiled window (default 10, quick 5)")
-    p.add_argument("--profile_top", type=int, default=15)
-    p.add_argument("--decode_slots", default="1,8,32,64")
-    p.add_argument("--decode_tokens", type=int, default=None, help="new tokens per slot (default 200, quick 64)")
-    p.add_argument("--packing_tasks", type=int, default=None, help="oracle transcripts per env (default 60, quick 20)")
-    p.add_argument("--packing_n", type=int, default=None, help="trajectories per mix (default 2000, quick 400)")
-    p.add_argument("--traj_rate", type=float, default=20.0, help="arrival rate for the packing simulation")
-    p.add_argument("--max_wait_s", type=float, default=2.0, help="packer max wait (section 4; the pipeline default)")
-    p.add_argument("--pack_waits", default="2,10", help="max waits simulated in section 3")
-    p.add_argument("--flush_rates", default="4,20", help="trajectories/s published, one phase each")
-    p.add_argument("--flush_phase_s", type=float, default=None, help="seconds per rate (default 30, quick 10)")
-    p.add_argument("--flush_rows", type=int, default=4)
-    p.add_argument("--flush_segments", type=int, default=DEFAULT_MAX_SEGMENTS_PER_ROW)
-    a = p.parse_args(argv)
-    q = a.quick
-    defaults = {
-        "window_s": (30.0, 8.0),
-        "warm_s": (4.5, 3.5),
-        "profile_s": (10.0, 5.0),
-        "decode_tokens": (200, 64),
-        "packing_tasks": (60, 20),
-        "packing_n": (2000, 400),
-        "flush_phase_s": (30.0, 10.0),
-    }
-    for k, (full, quick) in defaults.items():
-        if getattr(a, k) is None:
-            setattr(a, k, quick if q else full)
-    a.sections = tuple(s.strip() for s in a.sections.split(",") if s.strip())
-    bad = set(a.sections) - set(SECTIONS)
-    if bad:
-        p.error(f"unknown sections {sorted(bad)}; known: {SECTIONS}")
-    a.latency_configs = [tuple(int(x) for x in c.split(":")) for c in a.latency_configs.split(",")]
-    for C, S in a.latency_configs:
-        if C < 1 or S < 1:
-            p.error(f"bad C:slots {C}:{S}")
-    a.decode_slots = [int(x) for x in a.decode_slots.split(",")]
-    a.flush_rates = [float(x) for x in a.flush_rates.split(",")]
-    a.pack_waits = [float(x) for x in a.pack_waits.split(",")]
-    if a.tokens_per_turn * a.env_steps + 64 > LENGTH:
-        p.error("episodes would not fit the 256-token sampler")
-    return a
+    window_s: float | None = knob(None, _unset("window_s", "steady-state window per config, s"))
+    warm_s: float | None = knob(None, _unset("warm_s", "warm-up before the window, s"))
+    profile: bool = knob(True, "cProfile one more C=64 run (latency section)")
+    profile_s: float | None = knob(None, _unset("profile_s", "profiled window, s"))
+    profile_top: int = knob(15, "functions listed per cProfile table")
+    decode_slots: tuple[int, ...] = knob((1, 8, 32, 64), "decode: slot counts")
+    decode_tokens: int | None = knob(None, _unset("decode_tokens", "new tokens per slot"))
+    packing_tasks: int | None = knob(None, _unset("packing_tasks", "oracle transcripts per env"))
+    packing_n: int | None = knob(None, _unset("packing_n", "trajectories per mix"))
+    traj_rate: float = knob(20.0, "arrival rate for the packing simulation, trajectories/s")
+    max_wait_s: float = knob(PackingConfig().max_wait_s, "packer max wait (section 4; the pipeline default)")
+    pack_waits: tuple[float, ...] = knob((2.0, 10.0), "max waits simulated in section 3")
+    flush_rates: tuple[float, ...] = knob((4.0, 20.0), "trajectories/s published, one phase each")
+    flush_phase_s: float | None = knob(None, _unset("flush_phase_s", "seconds per rate"))
+    flush_rows: int = knob(4, "flush: rows per record")
+    flush_segments: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "flush: max segments per row")
+
+    def __post_init__(self):
+        bad = set(self.sections) - set(SECTIONS)
+        if bad:
+            raise ValueError(f"unknown sections {sorted(bad)}; known: {SECTIONS}")
+        for C, S in self.latency_pairs:
+            if C < 1 or S < 1:
+                raise ValueError(f"bad C:slots {C}:{S}")
+        if self.tokens_per_turn * self.env_steps + 64 > LENGTH:
+            raise ValueError("episodes would not fit the 256-token sampler")
+
+    @property
+    def latency_pairs(self) -> list[tuple[int, int]]:
+        try:
+            return [(int(c), int(s)) for c, s in (cs.split(":") for cs in self.latency_configs)]
+        except ValueError:
+            raise ValueError(f"--latency_configs: expected C:slots pairs, got {self.latency_configs}") from None
+
+
+def parse_args(argv) -> RolloutBenchConfig:
+    cfg = config.parse(RolloutBenchConfig, argv, description=__doc__)
+    fill = {k: v[cfg.quick] for k, v in _UNSET.items() if getattr(cfg, k) is None}
+    return dataclasses.replace(cfg, **fill)
 
 
 def main(argv=None) -> int:
@@ -128,12 +141,12 @@ def main(argv=None) -> int:
     if "decode" in args.sections:
         caps = bench_decode(samplers, args.decode_slots, args.decode_tokens)
     if "latency" in args.sections:
-        missing = sorted({s for _, s in args.latency_configs} - set(caps))
+        missing = sorted({s for _, s in args.latency_pairs} - set(caps))
         if missing:
             caps.update(decode_caps(samplers, missing, args.decode_tokens))
         bench_latency(samplers, args, caps)
         if args.profile:
-            C, S = max(args.latency_configs, key=lambda cs: (cs[0], cs[1]))
+            C, S = max(args.latency_pairs, key=lambda cs: (cs[0], cs[1]))
             profile_c64(samplers, args, C, S)
     if {"packing", "flush"} & set(args.sections):
         pools = length_pools(args.packing_tasks)

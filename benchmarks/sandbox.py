@@ -10,7 +10,7 @@ uses it. Latency is per run; runs/s is runs divided by the wall time of the whol
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from core import config
+from core.config import knob
 from environments import sandbox
 
 SOURCE = "print(1)"
@@ -62,11 +64,14 @@ def measure(fn, n: int, concurrency: int = 1) -> dict:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class SandboxBenchConfig:
+    n: int = knob(50, "runs per row")
+    concurrency: int = knob(4, "runs in flight in the last row")
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=50)
-    p.add_argument("--concurrency", type=int, default=4)
-    args = p.parse_args(argv)
+    args = config.parse(SandboxBenchConfig, argv, description=__doc__)
     rows = [
         ("bwrap sandbox (run_python)", bwrap_run, 1),
         ("rlimits-only fallback (bwrap=None)", fallback_run, 1),

@@ -15,7 +15,7 @@ that no process of the run survives, and writes OUT/soak_report.md and OUT/soak.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _soak_report as report
 import psutil
 
+from core import config
+from core.config import derived, knob
 from localstack.reports.live import Tail
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,21 +50,20 @@ def _interrupt(signum, _frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def parse_args(argv):
-    if "--" in argv:
-        i = argv.index("--")
-        argv, demo_flags = argv[:i], argv[i + 1 :]
-    else:
-        demo_flags = []
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=20.0, help="wall-clock duration of the run")
-    p.add_argument("--every_s", type=float, default=5.0, help="seconds between samples")
-    p.add_argument("--out", default=None, help="samples, report and plot (default: runs/soak-TIMESTAMP)")
-    p.add_argument("--workdir", default=None, help="the demo's --workdir (default: OUT/workdir)")
-    p.add_argument("--report_only", metavar="OUT", default=None, help="rebuild report and plot from OUT's samples")
-    args = p.parse_args(argv)
-    args.demo_flags = demo_flags
-    return args
+@dataclasses.dataclass(frozen=True)
+class SoakConfig:
+    minutes: float = knob(20.0, "wall-clock duration of the run")
+    every_s: float = knob(5.0, "seconds between samples")
+    out: str | None = knob(None, "samples, report and plot (unset: runs/soak-TIMESTAMP)")
+    workdir: str | None = knob(None, "the demo's --workdir (unset: OUT/workdir)")
+    report_only: str | None = knob(None, "rebuild report and plot from this OUT's samples")
+    demo_flags: tuple[str, ...] = derived((), "the flags after `--`, for the demo")
+
+
+def parse_args(argv) -> SoakConfig:
+    i = argv.index("--") if "--" in argv else len(argv)
+    cfg = config.parse(SoakConfig, argv[:i], description=__doc__)
+    return dataclasses.replace(cfg, demo_flags=tuple(argv[i + 1 :]))
 
 
 # -- the process tree ----------------------------------------------------------------------

@@ -21,7 +21,7 @@ below their noise.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -35,8 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _report import loadavg, machine_info, print_table
 from _utilization_modes import rollout_alone
-from utilization import demo, make_plan
+from utilization import DemoRunConfig, demo, make_plan
 
+from core import config
+from core.config import knob
 from core.telemetry import trace
 
 # A warm-up run first (discarded: the first run after a quiet spell was the slowest of
@@ -44,20 +46,19 @@ from core.telemetry import trace
 ORDER = (None, True, False, False, True, True, False)
 
 
-def cli(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init_policy", default="/tmp/utilization/init/policy-store", help="a warm-started store")
-    p.add_argument("--tool_latency", default="fixed:0.5", help="the demo's default")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch_records", type=int, default=4)
-    p.add_argument("--publish_every", type=int, default=2)
-    p.add_argument("--measure_s", type=float, default=30.0, help="rollout-alone window")
-    p.add_argument("--learner_cpus", default="0")
-    p.add_argument("--rollout_cpus", default="1")
-    p.add_argument("--workdir", default="/tmp/tracing-bench")
-    p.add_argument("--out", default=None)
-    p.add_argument("--skip", default="", help="comma-separated sections to skip: episodes,rollout,demo")
-    return p.parse_args(argv)
+@dataclasses.dataclass(frozen=True)
+class TracingBenchConfig:
+    init_policy: str = knob("/tmp/utilization/init/policy-store", "a warm-started store")
+    tool_latency: str = knob("fixed:0.5", "the demo's default")
+    run: DemoRunConfig = config.section(DemoRunConfig)
+    measure_s: float = knob(30.0, "rollout-alone window, s")
+    workdir: str = knob("/tmp/tracing-bench", "run directories")
+    out: str | None = knob(None, "write tracing.json here")
+    skip: tuple[str, ...] = knob((), "comma-separated sections to skip: episodes,rollout,demo")
+
+
+def cli(argv=None) -> TracingBenchConfig:
+    return config.parse(TracingBenchConfig, argv, description=__doc__)
 
 
 def span_cost_ns(n: int = 200_000) -> dict:
@@ -179,7 +180,7 @@ def rollout_ab(args, work: Path, plan: dict) -> list[dict]:
             Path(args.init_policy),
             args.tool_latency,
             d,
-            rollout_cpus={int(c) for c in args.rollout_cpus.split(",")},
+            rollout_cpus={int(c) for c in args.run.rollout_cpus.split(",")},
             measure_s=args.measure_s,
             pipeline_flags=[*plan["pipeline_flags"], *flags],
         )
@@ -199,13 +200,13 @@ def demo_ab(args, work: Path, plan_path: Path) -> list[dict]:
         "--warmstart_steps=0",
         "--eval_n=0",
         "--keep_zero_signal",
-        f"--max_steps={args.steps}",
-        f"--batch_records={args.batch_records}",
-        f"--publish_every={args.publish_every}",
+        f"--max_steps={args.run.steps}",
+        f"--batch_records={args.run.batch_records}",
+        f"--publish_every={args.run.publish_every}",
         f"--tool_latency={args.tool_latency}",
         f"--plan={plan_path}",
-        f"--learner_cpus={args.learner_cpus}",
-        f"--rollout_cpus={args.rollout_cpus}",
+        f"--learner_cpus={args.run.learner_cpus}",
+        f"--rollout_cpus={args.run.rollout_cpus}",
         "--live=off",
     ]
     for i, on in enumerate(ORDER):
@@ -240,15 +241,15 @@ def main(argv=None) -> int:
     args = cli(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    skip = set(args.skip.split(","))
-    results = {"machine": machine_info(), "load_start": loadavg(), "args": vars(args)}
+    skip = set(args.skip)
+    results = {"machine": machine_info(), "load_start": loadavg(), "args": dataclasses.asdict(args)}
     results["span_cost"] = span_cost_ns()
     print(f"span cost: {results['span_cost']}", flush=True)
     if "episodes" not in skip:
         results["episodes"] = episodes_ab(args.init_policy)
         print(f"episodes in one process: {results['episodes']}", flush=True)
     plan_path = work / "plan.json"
-    plan = make_plan(args, args.tool_latency, None, plan_path) if {"rollout", "demo"} - skip else None
+    plan = make_plan(args.run, args.tool_latency, None, plan_path) if {"rollout", "demo"} - skip else None
     if "rollout" not in skip:
         results["rollout"] = rows = rollout_ab(args, work, plan)
         results["rollout_ratio"] = ratio(rows, "trajectories_per_s")

@@ -18,7 +18,7 @@ version. Writes utilization.json and utilization.png into --out and prints the t
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -31,27 +31,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import loadavg, machine_info, print_table
 from _utilization_modes import learner_alone_pinned, rollout_alone
 
+from core import config
+from core.config import knob, section
 from core.contracts.record_shape import RecordLayout
 from localstack.launch.demo import cpu_set, parse_args, run_local
 
-LATENCIES = "none,fixed:0.5,fixed:2,lognormal:1:1"
+LATENCIES = ("none", "fixed:0.5", "fixed:2", "lognormal:1:1")
 GROUP_SIZE = 8  # the demo's default
 
 
-def cli(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--latencies", default=LATENCIES)
-    p.add_argument("--steps", type=int, default=20, help="learner steps per sync/async run")
-    p.add_argument("--batch_records", type=int, default=4)
-    p.add_argument("--publish_every", type=int, default=2, help="learner steps per policy version (both modes)")
-    p.add_argument("--warmstart_steps", type=int, default=600, help="for the one initial policy")
-    p.add_argument("--init_policy", default=None, help="a policy store to start from (default: warm start one)")
-    p.add_argument("--measure_s", type=float, default=45.0, help="rollout-alone window")
-    p.add_argument("--learner_cpus", default="0")
-    p.add_argument("--rollout_cpus", default="1")
-    p.add_argument("--workdir", default="/tmp/utilization")
-    p.add_argument("--out", default=None, help="write utilization.json and utilization.png here")
-    return p.parse_args(argv)
+@dataclasses.dataclass(frozen=True)
+class DemoRunConfig:
+    """The demo runs' shared settings (this benchmark's and benchmarks/tracing.py's)."""
+
+    steps: int = knob(20, "learner steps per demo run")
+    batch_records: int = knob(4, "records per learner step")
+    publish_every: int = knob(2, "learner steps per policy version (every mode)")
+    learner_cpus: str = knob("0", "the learner's CPUs")
+    rollout_cpus: str = knob("1", "the rollout side's CPUs")
+
+
+@dataclasses.dataclass(frozen=True)
+class UtilizationConfig:
+    latencies: tuple[str, ...] = knob(LATENCIES, "tool latencies, one set of runs each")
+    run: DemoRunConfig = section(DemoRunConfig)
+    warmstart_steps: int = knob(600, "for the one initial policy")
+    init_policy: str | None = knob(None, "a policy store to start from (unset: warm start one)")
+    measure_s: float = knob(45.0, "rollout-alone window, s")
+    workdir: str = knob("/tmp/utilization", "run directories")
+    out: str | None = knob(None, "write utilization.json and utilization.png here")
+
+
+def cli(argv=None) -> UtilizationConfig:
+    return config.parse(UtilizationConfig, argv, description=__doc__)
 
 
 def demo(workdir: Path, flags: list[str]) -> dict:
@@ -62,24 +74,24 @@ def demo(workdir: Path, flags: list[str]) -> dict:
     return summary
 
 
-def pinning(args) -> list[str]:
-    return [f"--learner_cpus={args.learner_cpus}", f"--rollout_cpus={args.rollout_cpus}"]
+def pinning(run: DemoRunConfig) -> list[str]:
+    return [f"--learner_cpus={run.learner_cpus}", f"--rollout_cpus={run.rollout_cpus}"]
 
 
-def make_plan(args, lat: str, rollout_rate: float | None, out: Path, measured: list[str] = ()) -> dict:
+def make_plan(run: DemoRunConfig, lat: str, rollout_rate: float | None, out: Path, measured: list[str] = ()) -> dict:
     cmd = [
         sys.executable,
         "-m",
         "localstack.launch.plan",
         f"--tool_latency={lat}",
-        f"--batch_records={args.batch_records}",
-        f"--publish_every={args.publish_every}",
+        f"--batch_records={run.batch_records}",
+        f"--publish_every={run.publish_every}",
         *([f"--rollout_rate={rollout_rate}"] if rollout_rate else []),
         *measured,
         *RecordLayout().to_flags(),
         f"--out={out}",
     ]
-    subprocess.run(["taskset", "-c", args.learner_cpus, *cmd], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["taskset", "-c", run.learner_cpus, *cmd], check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
@@ -116,21 +128,21 @@ def row(mode: str, s: dict, layout: RecordLayout) -> dict:
 def run(args) -> dict:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    layout, rollout_cpus = RecordLayout(), cpu_set(args.rollout_cpus)
-    common = ["--warmstart_steps=0", "--eval_n=0", "--keep_zero_signal", *pinning(args)]
-    results = {"machine": machine_info(), "load_start": loadavg(), "args": vars(args)}
+    layout, rollout_cpus = RecordLayout(), cpu_set(args.run.rollout_cpus)
+    common = ["--warmstart_steps=0", "--eval_n=0", "--keep_zero_signal", *pinning(args.run)]
+    results = {"machine": machine_info(), "load_start": loadavg(), "args": dataclasses.asdict(args)}
     init_store = Path(args.init_policy) if args.init_policy else work / "init" / "policy-store"
     if not args.init_policy:  # one warm-started policy, the start of every run
         flags = [f"--warmstart_steps={args.warmstart_steps}", "--max_steps=0", "--eval_n=0", "--plan=off"]
-        results["init_wall_s"] = demo(work / "init", [*flags, *pinning(args)])["demo_wall_s"]
+        results["init_wall_s"] = demo(work / "init", [*flags, *pinning(args.run)])["demo_wall_s"]
     results["latencies"] = []
-    for lat in args.latencies.split(","):
+    for lat in args.latencies:
         d = work / lat.replace(":", "_")
         print(f"=== tool latency {lat}", flush=True)
         d.mkdir(parents=True, exist_ok=True)
         # The plan's engine concurrency does not depend on the rollout ceiling: measure the
         # ceiling at those settings, then plan the credits with it.
-        first = make_plan(args, lat, None, d / "plan_engine_only.json")
+        first = make_plan(args.run, lat, None, d / "plan_engine_only.json")
         roll = rollout_alone(
             init_store,
             lat,
@@ -139,11 +151,11 @@ def run(args) -> dict:
             measure_s=args.measure_s,
             pipeline_flags=first["pipeline_flags"],
             window=max(512, 2 * first["plan"]["max_concurrent_groups"] * GROUP_SIZE),  # never runs dry
-            learner=(cpu_set(args.learner_cpus), args.batch_records),  # side by side, same window
+            learner=(cpu_set(args.run.learner_cpus), args.run.batch_records),  # side by side, same window
         )
         learn = roll.pop("learner_alone")
         learn_idle = learner_alone_pinned(
-            d / "rollout" / "records.bin", args.batch_records, 20, cpu_set(args.learner_cpus), d / "rollout"
+            d / "rollout" / "records.bin", args.run.batch_records, 20, cpu_set(args.run.learner_cpus), d / "rollout"
         )
         print(f"rollout alone: {roll}\nlearner alone: {learn}\n(other core idle: {learn_idle})", flush=True)
         measured = [  # this run's own stream, not the planner's oracle transcripts
@@ -151,13 +163,13 @@ def run(args) -> dict:
             f"--trajectories_per_record={roll['trajectories_per_record']}",
             f"--tokens_per_trajectory={roll['tokens_per_s'] / roll['trajectories_per_s']}",
         ]
-        plan = make_plan(args, lat, roll["trajectories_per_s"], d / "plan.json", measured)
+        plan = make_plan(args.run, lat, roll["trajectories_per_s"], d / "plan.json", measured)
         flags = [
             *common,
             f"--tool_latency={lat}",
-            f"--max_steps={args.steps}",
-            f"--batch_records={args.batch_records}",
-            f"--publish_every={args.publish_every}",
+            f"--max_steps={args.run.steps}",
+            f"--batch_records={args.run.batch_records}",
+            f"--publish_every={args.run.publish_every}",
             f"--plan={d / 'plan.json'}",
             f"--init_policy={init_store}",
         ]

@@ -26,13 +26,26 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-_HELP, _FLAG, _SECTION, _PREFIX, _CHOICES = "help", "flag", "section", "prefix", "choices"
+_HELP, _FLAG, _SECTION, _PREFIX, _CHOICES, _HIDE = "help", "flag", "section", "prefix", "choices", "hide"
+_REPEAT = "repeat"
 
 
-def knob(default: Any = dataclasses.MISSING, help: str = "", *, choices=None, flag: bool | str = True, **kw):
+def knob(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    choices=None,
+    flag: bool | str = True,
+    repeat: bool = False,
+    **kw,
+):
     """A config field that is a flag: its one default and its help text. `flag=False` for a
-    field the builder fills in (derived from another field), `flag="name"` to rename."""
+    field the builder fills in (derived from another field), `flag="name"` to rename.
+    `repeat=True` (a tuple field): the flag is given once per item (`--env A=1 --env B=2`),
+    for items that may hold commas."""
     metadata = {_HELP: help, _FLAG: flag, _CHOICES: tuple(choices) if choices is not None else None}
+    if repeat:
+        metadata[_REPEAT] = True
     if isinstance(default, (list, dict, set)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata, **kw)
@@ -44,9 +57,12 @@ def derived(default: Any = None, help: str = ""):
     return knob(default, help, flag=False)
 
 
-def section(factory, prefix: str = "", help: str = ""):
-    """A nested config: its flags join the tree's, each under `prefix`."""
-    return dataclasses.field(default_factory=factory, metadata={_SECTION: True, _PREFIX: prefix, _HELP: help})
+def section(factory, prefix: str = "", help: str = "", hide: tuple[str, ...] = ()):
+    """A nested config: its flags join the tree's, each under `prefix`. The factory's
+    instance gives the section's defaults (a preset: the demo's learner is not the bare
+    learner). `hide` names flags of the section that the holder sets itself (no flag)."""
+    meta = {_SECTION: True, _PREFIX: prefix, _HELP: help, _HIDE: tuple(hide)}
+    return dataclasses.field(default_factory=factory, metadata=meta)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +76,7 @@ class Leaf:
     help: str
     choices: tuple | None
     section: str
+    repeat: bool = False
 
     @property
     def dest(self) -> str:
@@ -79,19 +96,39 @@ def _base_type(tp):
     return tp, False
 
 
-def leaves(cls, prefix: str = "", path: tuple[str, ...] = (), section_name: str = "") -> Iterator[Leaf]:
-    """Every flag of the tree rooted at dataclass `cls`, depth first, in field order."""
+def leaves(cls, prefix: str = "", path: tuple[str, ...] = (), section_name: str = "", base=None) -> Iterator[Leaf]:
+    """Every flag of the tree rooted at dataclass `cls`, depth first, in field order. Defaults
+    are the fields' own, or those of `base` (an instance: a section's preset) when given."""
+    yield from _leaves(cls, prefix, path, section_name, base, ())
+
+
+def _leaves(cls, prefix, path, section_name, base, hides) -> Iterator[Leaf]:
+    """`hides`: (prefix, names) per enclosing section that hides some of its flags; a name
+    is the flag as seen from that section (its own sections' prefixes included)."""
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
         if f.metadata.get(_SECTION):
-            sub = hints[f.name]
-            yield from leaves(sub, prefix + f.metadata.get(_PREFIX, ""), path + (f.name,), section_name or f.name)
+            sub_base = getattr(base, f.name) if base is not None else f.default_factory()
+            sub_prefix = prefix + f.metadata.get(_PREFIX, "")
+            yield from _leaves(
+                hints[f.name],
+                sub_prefix,
+                path + (f.name,),
+                section_name or f.name,
+                sub_base,
+                (*hides, (sub_prefix, frozenset(f.metadata.get(_HIDE, ())))),
+            )
             continue
         flag = f.metadata.get(_FLAG, True)
         if flag is False or not f.init:
             continue
         name = flag if isinstance(flag, str) else f.name
-        if f.default is not dataclasses.MISSING:
+        full = prefix + name
+        if any(full.startswith(p) and full[len(p) :] in names for p, names in hides):
+            continue
+        if base is not None:
+            default = getattr(base, f.name)
+        elif f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
@@ -105,6 +142,7 @@ def leaves(cls, prefix: str = "", path: tuple[str, ...] = (), section_name: str 
             f.metadata.get(_HELP, ""),
             f.metadata.get(_CHOICES),
             section_name or cls.__name__,
+            f.metadata.get(_REPEAT, False),
         )
 
 
@@ -117,7 +155,11 @@ def _parse_value(text: str, tp):
         return base(text)
     if origin is tuple or base is tuple:
         item = (typing.get_args(base) or (str,))[0]
-        return tuple(item(x) for x in text.split(",") if x != "")
+        if text == "":
+            return ()
+        if "" in (parts := [x.strip() for x in text.split(",")]):
+            raise ValueError(f"an empty item in {text!r}")  # a typo ("128,,256"), not a shorter list
+        return tuple(item(x) for x in parts)
     if origin is dict or base is dict:
         value = json.loads(text)
         if not isinstance(value, dict):
@@ -156,12 +198,13 @@ def _format_value(value) -> str:
     return str(value)
 
 
-def add_arguments(parser, cls, prefix: str = "") -> list[Leaf]:
+def add_arguments(parser, cls, prefix: str = "", base=None) -> list[Leaf]:
     """Adds one flag per leaf of `cls` to an argparse parser (or Beam's); refuses a tree
-    that would give two fields the same flag."""
+    that would give two fields the same flag. `base`: an instance whose values are the
+    defaults (else the fields' own)."""
     seen: dict[str, Leaf] = {}
     out = []
-    for leaf in leaves(cls, prefix):
+    for leaf in leaves(cls, prefix, base=base):
         if leaf.flag in seen:
             raise TypeError(
                 f"--{leaf.flag} is declared twice in {cls.__name__}: {seen[leaf.flag].path} and {leaf.path}"
@@ -176,6 +219,9 @@ def add_arguments(parser, cls, prefix: str = "") -> list[Leaf]:
             kw["default"] = leaf.default
         if base is bool and not optional:
             kw["action"] = argparse.BooleanOptionalAction
+        elif leaf.repeat:
+            kw["action"], kw["metavar"] = _Repeat, "VALUE"
+            kw["type"] = _parser_for((typing.get_args(base) or (str,))[0])
         else:
             kw["type"] = _parser_for(leaf.type)
             kw["metavar"] = getattr(base, "__name__", "VALUE").upper()
@@ -186,44 +232,74 @@ def add_arguments(parser, cls, prefix: str = "") -> list[Leaf]:
     return out
 
 
-def from_namespace(cls, ns, prefix: str = ""):
-    """The tree of `cls` from parsed flags (an argparse Namespace or a Beam options view).
-    Each section is built bottom up, so every `__post_init__` check runs."""
+class _Repeat(argparse.Action):
+    """Each occurrence adds one item to a tuple (the default is never mutated)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, (*(getattr(namespace, self.dest, None) or ()), values))
+
+
+def from_namespace(cls, ns, prefix: str = "", base=None):
+    """The tree of `cls` from parsed flags (an argparse Namespace, a Beam options view or a
+    dict by dest). Flags absent from `ns` keep their default (or `base`'s value). Each
+    section is built bottom up, so every `__post_init__` check runs. Text values of fields
+    that are not text parse as on the command line (Beam keeps some flags as text). A class
+    with a `derive_section(name, built)` classmethod fills its sections' derived fields
+    from the sections built before them, so a section is checked once, with its real values."""
     values = vars(ns) if not isinstance(ns, dict) else ns
-    return _build(cls, values, prefix, ())
+    return _build(cls, values, prefix, (), base)
 
 
-def _build(cls, values: dict, prefix: str, path: tuple[str, ...]):
+def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base, fill=None):
     hints = _hints(cls)
-    by_path = {leaf.path: leaf for leaf in leaves(cls, prefix, path)}
+    by_path = {leaf.path: leaf for leaf in leaves(cls, prefix, path, base=base)}
     kwargs = {}
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
         if f.metadata.get(_SECTION):
-            kwargs[f.name] = _build(hints[f.name], values, prefix + f.metadata.get(_PREFIX, ""), path + (f.name,))
+            sub_base = getattr(base, f.name) if base is not None else f.default_factory()
+            sub_prefix = prefix + f.metadata.get(_PREFIX, "")
+            derive = getattr(cls, "derive_section", None)
+            sub_fill = derive(f.name, kwargs) if derive is not None else None
+            kwargs[f.name] = _build(hints[f.name], values, sub_prefix, path + (f.name,), sub_base, sub_fill)
             continue
         leaf = by_path.get(path + (f.name,))
         if leaf is not None and leaf.dest in values:
-            kwargs[f.name] = values[leaf.dest]
-    return cls(**kwargs)
+            value = values[leaf.dest]
+            if isinstance(value, str) and _base_type(leaf.type)[0] is not str:
+                value = _parse_value(value, leaf.type)
+            kwargs[f.name] = value
+    kwargs.update(fill or {})
+    return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
 
 
-def parse(cls, argv: list[str] | None, description: str = "", prog: str | None = None):
-    """Parses `argv` into a tree of `cls`; a refused setting exits with argparse's error."""
-    parser = make_parser(cls, description, prog)
+def build(cls, base=None, **by_flag):
+    """A tree of `cls` from values named by flag (`build(PlanConfig, group_size=8)`); the
+    rest keep their defaults. Refuses a name that is not a flag of `cls`."""
+    dests = {leaf.flag: leaf.dest for leaf in leaves(cls, base=base)}
+    unknown = sorted(set(by_flag) - set(dests))
+    if unknown:
+        raise KeyError(f"{cls.__name__} has no flag {', '.join('--' + u for u in unknown)}")
+    return from_namespace(cls, {dests[k]: v for k, v in by_flag.items()}, base=base)
+
+
+def parse(cls, argv: list[str] | None, description: str = "", prog: str | None = None, base=None):
+    """Parses `argv` into a tree of `cls` (defaults: the fields', or `base`'s values); a
+    refused setting exits with argparse's error, naming the setting."""
+    parser = make_parser(cls, description, prog, base)
     ns = parser.parse_args(argv)
     try:
-        return from_namespace(cls, ns)
+        return from_namespace(cls, ns, base=base)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
 
 
-def make_parser(cls, description: str = "", prog: str | None = None) -> argparse.ArgumentParser:
+def make_parser(cls, description: str = "", prog: str | None = None, base=None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_arguments(parser, cls)
+    add_arguments(parser, cls, base=base)
     return parser
 
 
@@ -233,21 +309,24 @@ def get(tree, path: tuple[str, ...]):
     return tree
 
 
-def to_argv(tree, prefix: str = "", *, only_changed: bool = True) -> list[str]:
+def to_argv(tree, prefix: str = "", *, only_changed: bool = True, base=None) -> list[str]:
     """The flags that rebuild `tree` in a process that parses `type(tree)`: every field that
-    differs from its default (all with `only_changed=False`), plus required ones."""
+    differs from its default (all with `only_changed=False`), plus required ones. With
+    `base`: the flags that turn `base` into `tree` (what a user changed on a preset)."""
     out = []
-    for leaf in leaves(type(tree), prefix):
+    for leaf in leaves(type(tree), prefix, base=base):
         value = get(tree, leaf.path)
         if only_changed and leaf.default is not dataclasses.MISSING and value == leaf.default:
             continue
-        base, optional = _base_type(leaf.type)
+        kind, optional = _base_type(leaf.type)
         if value is None:
             if leaf.default not in (None, dataclasses.MISSING):
                 raise ValueError(f"--{leaf.flag}: unset cannot be said on a command line whose default is set")
             continue
-        if base is bool and not optional:
+        if kind is bool and not optional:
             out.append(f"--{leaf.flag}" if value else f"--no-{leaf.flag}")
+        elif leaf.repeat:
+            out.extend(f"--{leaf.flag}={_format_value(item)}" for item in value)
         else:
             out.append(f"--{leaf.flag}={_format_value(value)}")
     return out

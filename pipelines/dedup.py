@@ -3,8 +3,8 @@
 Beam's `DeduplicatePerKey` keys its state and expiry timer by the element's own key,
 i.e. one key per trajectory. The local runner keeps every key it has ever seen and scans
 all of them for due timers after every bundle: profiled on the demo's rollout job, that
-scan grew from 10 % of the samples at learner step 5 to 53 % at step 14, and learner
-steps slowed from ~15 s to ~60 s apart. Here the keys are spread over a fixed number of
+scan grew with every trajectory seen and slowed the learner's steps several-fold within a
+run (docs/BENCHMARKS.md). Here the keys are spread over a fixed number of
 shards instead; each shard's state is one map {key: first seen}, insertion-ordered, and
 entries older than `window_s` are expired on access. State stays bounded by
 arrival rate x window on every runner, and the runner sees `num_shards` keys only.

@@ -1,57 +1,85 @@
-"""Speed-ups for the local runner: work Beam's direct runners redo for every bundle.
+"""Speed-ups for the local runner that have no supported route: undoable patches of Beam
+internals, applied only to the Beam versions they were written for.
 
-The BundleBasedDirectRunner builds every DoFn afresh for each bundle (a pickle round
-trip, then `setup()`), so per-instance work is paid per bundle, not per worker:
+The BundleBasedDirectRunner builds every DoFn afresh for each bundle and, for each
+bundle of a stateful DoFn (one bundle per key), calls `userstate.get_dofn_specs` several
+times, which builds a signature wrapper for every method of the DoFn. Profiled with
+py-spy on the demo's rollout job, that introspection took most of the runner's one
+executor thread and starved the inference engine's thread of the GIL; so did the argument
+lists every bundle's DoFnRunner inspects (`core.get_function_arguments`). State and timer
+specs are declared as default arguments of a DoFn's methods, i.e. per class, so caching
+them by class is exact; argument lists are cached per class and method where the method
+is the class's own.
 
-1. `memoise_dofn_specs`: the runner calls `userstate.get_dofn_specs` (which builds a signature
-wrapper for every method of the DoFn) several times per bundle of each stateful DoFn, and
-a stateful DoFn gets a bundle per key (DedupById was keyed by trajectory id then). Profiled
-with py-spy on the demo's rollout job, that introspection took 72 % of the runner's one
-executor thread and starved the inference engine's thread of the GIL (12 % of samples).
-State and timer specs are declared as default arguments of a DoFn's methods, i.e. per
-class, so caching them by class is exact. The same holds for the argument lists that
-every bundle's DoFnRunner inspects (`core.get_function_arguments`: 11 % of the rollout
-job's samples with 2 s tools), cached per class and method.
-2. `share_pubsub_publishers`: WriteToPubSub's DoFn opens a new PublisherClient in every
-   `setup()`, i.e. per bundle: py-spy on the rollout job (rollout-alone ceiling, 2 s tools)
-   put 15 % of its samples in `PublisherClient.__init__` (mTLS config lookups, a gRPC
-   channel) and 10 % more in closing the channels again. One client per process, shared
-   by those DoFns (a PublisherClient is thread-safe), does the same publishes.
-Applied only under the direct runners; Dataflow builds each DoFn once per worker and
-replaces WriteToPubSub with its native sink.
+Applied only under the direct runners (Dataflow builds each DoFn once per worker).
+`apply()` / `undo()` or `with patched():`; on a Beam version not in KNOWN_BEAM_VERSIONS
+nothing is patched and a warning names the version (the job runs, slower).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 
-from core.telemetry import trace
+import apache_beam
 
-_applied = False
-_shared = False
+log = logging.getLogger(__name__)
+
+# Versions whose internals these patches were read against (where the names are looked up
+# at call time, and what they return).
+KNOWN_BEAM_VERSIONS = ("2.77.0",)
 
 
-def memoise_dofn_specs() -> None:
-    global _applied
-    if _applied:
-        return
+class _Patch:
+    """One process-wide set of attribute replacements, undone in reverse order."""
+
+    def __init__(self):
+        self._saved: list[tuple[object, str, object]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def applied(self) -> bool:
+        return bool(self._saved)
+
+    def apply(self) -> bool:
+        """Patches Beam; False (and a warning) on a Beam version it was not written for."""
+        with self._lock:
+            if self._saved:
+                return True
+            version = apache_beam.__version__
+            if version not in KNOWN_BEAM_VERSIONS:
+                log.warning(
+                    "apache-beam %s: not patching the direct runner (written for %s); the local job runs slower",
+                    version,
+                    ", ".join(KNOWN_BEAM_VERSIONS),
+                )
+                return False
+            for owner, name, value in _replacements():
+                self._saved.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, value)
+            return True
+
+    def undo(self) -> None:
+        with self._lock:
+            while self._saved:
+                owner, name, original = self._saved.pop()
+                setattr(owner, name, original)
+
+
+def _replacements() -> list[tuple[object, str, object]]:
     from apache_beam.runners.direct import transform_evaluator
-    from apache_beam.transforms import userstate
+    from apache_beam.transforms import core, userstate
 
-    original, cache = userstate.get_dofn_specs, {}
+    original_specs, specs_cache = userstate.get_dofn_specs, {}
 
     def get_dofn_specs(dofn):
         cls = type(dofn)
-        if cls not in cache:
-            cache[cls] = original(dofn)
-        return cache[cls]
+        if cls not in specs_cache:
+            specs_cache[cls] = original_specs(dofn)
+        return specs_cache[cls]
 
-    userstate.get_dofn_specs = get_dofn_specs  # is_stateful_dofn looks it up here at call time
-    transform_evaluator.get_dofn_specs = get_dofn_specs  # imported by name there
-
-    from apache_beam.transforms import core
-
-    original_args, arg_cache = core.get_function_arguments, {}
+    original_args, args_cache = core.get_function_arguments, {}
 
     def get_function_arguments(obj, func):
         # Per class only where the method is the class's own: Map/FlatMap wrappers answer
@@ -59,42 +87,41 @@ def memoise_dofn_specs() -> None:
         if hasattr(obj, "_inspect_" + func) or func in getattr(obj, "__dict__", {}):
             return original_args(obj, func)
         key = (type(obj), func)
-        if key not in arg_cache:
-            arg_cache[key] = original_args(obj, func)
-        args, defaults = arg_cache[key]
+        if key not in args_cache:
+            args_cache[key] = original_args(obj, func)
+        args, defaults = args_cache[key]
         return list(args), list(defaults)
 
-    core.get_function_arguments = get_function_arguments  # MethodWrapper looks it up at call time
-    _applied = True
+    return [
+        (userstate, "get_dofn_specs", get_dofn_specs),  # is_stateful_dofn looks it up here at call time
+        (transform_evaluator, "get_dofn_specs", get_dofn_specs),  # imported by name there
+        (core, "get_function_arguments", get_function_arguments),  # MethodWrapper looks it up at call time
+    ]
 
 
-def share_pubsub_publishers() -> None:
-    global _shared
-    if _shared:
-        return
-    from apache_beam.io.gcp import pubsub as beam_pubsub
+_PATCH = _Patch()
 
-    write_fn = beam_pubsub._PubSubWriteDoFn
-    original_setup, clients, lock = write_fn.setup, {}, threading.Lock()
 
-    def setup(self):
-        with lock:
-            if self.with_ordering not in clients:
-                original_setup(self)  # the client Beam would open, opened once
-                clients[self.with_ordering] = self._pub_client
-        self._pub_client = clients[self.with_ordering]
-        self._topic = self._pub_client.topic_path(self.project, self.short_topic_name)
+def apply() -> bool:
+    """Applies the direct-runner patches to this process (idempotent); True if applied."""
+    return _PATCH.apply()
 
-    original_flush = write_fn._flush
 
-    def flush(self):
-        if not self._buffer:  # called at every bundle's end, mostly with nothing to send
-            return original_flush(self)
-        with trace.current().span(
-            "pubsub publish", "pubsub write", messages=len(self._buffer), topic=self.short_topic_name
-        ):
-            original_flush(self)
+def undo() -> None:
+    """Puts Beam's own functions back."""
+    _PATCH.undo()
 
-    write_fn.setup = setup
-    write_fn._flush = flush  # one span per batch of messages published (records, notices, dead letters)
-    _shared = True
+
+def applied() -> bool:
+    return _PATCH.applied
+
+
+@contextlib.contextmanager
+def patched():
+    """The patches for the duration of a block (then undone, unless they were on before)."""
+    was = applied()
+    try:
+        yield apply()
+    finally:
+        if not was:
+            undo()

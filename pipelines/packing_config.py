@@ -1,7 +1,8 @@
 """PackingConfig: every setting of the packing half of the rollout job, checked once.
 
 Settings that would lose data, never flush, or build records Pub/Sub cannot carry are
-refused here, at construction, rather than discovered in a running job.
+refused here, at construction, rather than discovered in a running job. A section of the
+rollout job's config tree (pipelines/config.py).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from core.config import derived, knob
 from core.contracts import records
 from core.contracts.record_shape import (
     DEFAULT_BUCKETS,
@@ -35,26 +37,35 @@ def record_bytes_upper_bound(shape: RecordShape) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PackingConfig:
+    """Each field is a flag of the rollout job, except the record shapes: the job derives
+    them from its record layout section (--buckets, --rows, --max_segments_per_row)."""
+
     # Sequence lengths of the record shapes, ascending; every bucket has the same rows
     # and max_segments_per_row, so a record is [rows, buckets[i]].
-    buckets: tuple[int, ...] = DEFAULT_BUCKETS
-    rows: int = DEFAULT_ROWS
-    max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
-    # Event-time window: a buffer is flushed at the latest when the watermark passes
-    # its window's end; this also bounds how long per-key state lives.
-    window_s: float = 60.0
+    buckets: tuple[int, ...] = derived(DEFAULT_BUCKETS, "record row lengths, from the layout")
+    rows: int = derived(DEFAULT_ROWS, "rows per record, from the layout")
+    max_segments_per_row: int = derived(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories per row, from the layout")
+    # A buffer is flushed at the latest when the watermark passes its window's end; this
+    # also bounds how long per-key state lives.
+    window_s: float = knob(60.0, "event-time packing window: buffers are flushed at its end")
     # Processing time after the first trajectory entered an empty buffer.
-    max_wait_s: float = 2.0
-    num_shards: int = 1  # packing keys per bucket: spreads one bucket over workers
-    dedup_window_s: float = 3600.0  # how long a trajectory id (or content hash) is remembered
-    content_dedup: bool = False  # also drop equal token ids + loss mask under another id
-    # Off by default. Dropped groups send a drop notice on the records topic, which returns
-    # their feeder credits (see README "Credits").
-    filter_zero_signal: bool = False
-    overlong: str = "truncate"  # longer than the largest bucket: "truncate" | "drop"
+    max_wait_s: float = knob(2.0, "a partly filled record is flushed after this long")
+    num_shards: int = knob(1, "packing keys per length bucket")  # spreads one bucket over workers
+    dedup_window_s: float = knob(3600.0, "how long a trajectory id (or content hash) is remembered")
+    # Bools default to False: Beam re-creates options on workers from a dict in which True
+    # becomes a bare --flag and False is dropped.
+    content_dedup: bool = knob(False, "also drop trajectories with equal tokens + loss mask under another id")
+    # Dropped groups send a drop notice on the records topic, which returns their feeder
+    # credits (docs/ARCHITECTURE.md, "Credits").
+    filter_zero_signal: bool = knob(
+        False, "drop groups whose advantages are all 0 (a drop notice returns their credits)"
+    )
+    overlong: str = knob(
+        "truncate", "a trajectory longer than the largest bucket is truncated or dropped", choices=OVERLONG_POLICIES
+    )
     # Elements behind the watermark are still packed (and flushed at once) when their
     # window closed less than this long ago; later ones may be dropped by the runner.
-    allowed_lateness_s: float = 3600.0
+    allowed_lateness_s: float = knob(3600.0, "late trajectories within this of their window's end are still packed")
 
     def __post_init__(self):
         object.__setattr__(self, "buckets", tuple(self.buckets))

@@ -1,8 +1,11 @@
 """The rollout job: rollout requests in, packed fixed-shape records out.
 
-    python -m pipelines.rollout --runner=BundleBasedDirectRunner --streaming \\
+    agentic-rl rollout --runner=BundleBasedDirectRunner --streaming \\
         --requests_subscription=projects/P/subscriptions/S --records_topic=projects/P/topics/T \\
         --policy_root=/path/to/store
+
+(`python -m pipelines.rollout` is the same.) Its flags are RolloutJobConfig's
+(pipelines/config.py) beside Beam's own (--runner, --project, --streaming).
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ import threading
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from core import config
 from core.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
-from pipelines.direct_runner import memoise_dofn_specs, share_pubsub_publishers
-from pipelines.options import RolloutOptions, engine_config, packing_config
+from pipelines import direct_runner
+from pipelines.config import RolloutJobConfig
+from pipelines.options import rollout_config
 from pipelines.pack_transform import DROPPED, PackTrajectoryGroups
+from pipelines.pubsub_write import WriteRecordsToPubSub
 from pipelines.transforms import DEAD_LETTER, ParseRequestFn, RunEpisodes, drop_notice_message, to_pubsub_message
 from rollout.telemetry import current as telemetry
 
@@ -26,14 +32,14 @@ DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRun
 
 
 def build(p: beam.Pipeline, options: PipelineOptions) -> None:
-    opts = options.view_as(RolloutOptions)
+    cfg = rollout_config(options)
     parsed = (
         p
-        | "ReadRequests" >> beam.io.ReadFromPubSub(subscription=opts.requests_subscription, with_attributes=True)
+        | "ReadRequests" >> beam.io.ReadFromPubSub(subscription=cfg.io.requests_subscription, with_attributes=True)
         | "ParseRequests" >> beam.ParDo(ParseRequestFn()).with_outputs(DEAD_LETTER, main="requests")
     )
-    episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(engine_config(options))
-    packed = episodes["groups"] | "Pack" >> PackTrajectoryGroups(packing_config(opts), drop_notices=True)
+    episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(cfg.engine)
+    packed = episodes["groups"] | "Pack" >> PackTrajectoryGroups(cfg.packing, drop_notices=True)
     # Drop notices travel with the records: the learner returns their feeder credits.
     (
         (
@@ -41,11 +47,11 @@ def build(p: beam.Pipeline, options: PipelineOptions) -> None:
             packed[DROPPED] | "DropNoticeMessages" >> beam.Map(drop_notice_message),
         )
         | "AllMessages" >> beam.Flatten()
-        | "WriteRecords" >> beam.io.WriteToPubSub(opts.records_topic, with_attributes=True)
+        | "WriteRecords" >> WriteRecordsToPubSub(cfg.io.records_topic)
     )
     dead = (parsed[DEAD_LETTER], episodes[DEAD_LETTER]) | "AllDeadLetters" >> beam.Flatten()
-    if opts.dead_letter_topic:
-        dead | "WriteDeadLetters" >> beam.io.WriteToPubSub(opts.dead_letter_topic, with_attributes=True)
+    if cfg.io.dead_letter_topic:
+        dead | "WriteDeadLetters" >> WriteRecordsToPubSub(cfg.io.dead_letter_topic)
     else:
         dead | "LogDeadLetters" >> beam.Map(lambda m: logging.error("dead letter: %s", m.attributes.get("error")))
 
@@ -82,19 +88,14 @@ class _QuietAsyncWrapper(logging.Filter):
 def run(argv=None) -> None:
     options = PipelineOptions(argv)
     options.view_as(StandardOptions).streaming = True
-    opts = options.view_as(RolloutOptions)
-    # Not argparse-required: Beam parses every registered options class for every
-    # pipeline in the process (tests included), so required flags would break those.
-    missing = [f for f in ("requests_subscription", "records_topic", "policy_root") if not getattr(opts, f)]
-    if missing:
-        raise SystemExit(f"missing required flags: {', '.join('--' + f for f in missing)}")
-    engine_config(options), packing_config(opts)  # bad settings refused before anything starts
+    cfg = rollout_config(options)  # bad settings refused before anything starts
+    if cfg.io.missing:
+        raise SystemExit(f"missing required flags: {', '.join(cfg.io.missing)}")
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
     if runner in DIRECT_RUNNERS:
-        memoise_dofn_specs()
-        share_pubsub_publishers()
-        if opts.heartbeat_s > 0:
-            start_heartbeat(opts.requests_subscription, opts.heartbeat_s)
+        direct_runner.apply()
+        if cfg.heartbeat_s > 0:
+            start_heartbeat(cfg.io.requests_subscription, cfg.heartbeat_s)
     with beam.Pipeline(options=options) as p:
         build(p, options)
 
@@ -106,11 +107,22 @@ def _stop_on_signal(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    """`agentic-rl rollout`: runs the job until it is stopped."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:  # Beam's own parser would list only -h
+        epilog = "Beam's own flags (--runner, --project, --streaming, ...) are Beam's: see its PipelineOptions."
+        config.make_parser(RolloutJobConfig, __doc__ + "\n" + epilog, "agentic-rl rollout").print_help()
+        return 0
     signal.signal(signal.SIGTERM, _stop_on_signal)
     # force: absl (imported by orbax and tfds) installs a root handler first, which would
     # swallow our lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_QuietAsyncWrapper())
-    run(sys.argv[1:])
+    run(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

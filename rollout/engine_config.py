@@ -1,7 +1,8 @@
 """EngineConfig: every setting of a rollout worker's engine and episodes, checked once.
 
-Built from the pipeline options on the launcher (`engine_config`), so a bad setting is
-refused before the job starts, and handed to each worker as a plain frozen dataclass.
+A section of the rollout job's config tree (pipelines/config.py): built from its flags on
+the launcher, so a bad setting is refused before the job starts, and handed to each worker
+as a plain frozen dataclass.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from core.config import derived, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy.config import MODEL_CONFIGS
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
@@ -17,28 +19,39 @@ from rollout.episodes import EpisodeLimits
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    policy_root: str
-    model_config: str = "tiny"
-    slots: int = 64  # KV-cache slots of the per-process inference engine
-    max_concurrent_groups: int = 16  # requests (groups of G episodes) in flight per process
-    commit_interval_s: float = 0.2  # how often finished groups are committed downstream
-    request_shards: int = 4  # keys requests are spread over (state and timers are per key)
-    max_new_tokens_per_turn: int = 32
-    max_tokens: int = DEFAULT_MAX_TRAJECTORY_LEN  # a whole trajectory, prompt included: fits one record row
-    # An environment step (a tool call) past this ends its episode as `timeout`; so does a
-    # whole episode past episode_timeout_s.
-    step_timeout_s: float = 30.0
-    episode_timeout_s: float = 120.0
-    policy_poll_s: float = 1.0
-    # How long a worker waits for the first policy version, and for a request's minimum one.
-    policy_wait_s: float = 300.0
-    advantage_estimator: str = "grpo"
-    logdir: str | None = None  # rollout/... scalars (rollout/telemetry.py); None: not written
-    trace_dir: str | None = None  # timeline spans; None: tracing off
-    telemetry_every_s: float = 2.0
+    """Each field is a flag of the rollout job (`--engine_slots` for `slots`), except the two
+    the job derives: the policy store (from its I/O section) and the trajectory cap (from
+    the record layout)."""
+
+    policy_root: str | None = derived(None, "the policy store; from the job's --policy_root")
+    model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
+    slots: int = knob(64, "KV-cache slots of the per-process inference engine", flag="engine_slots")
+    max_concurrent_groups: int = knob(16, "requests (groups of G episodes) in flight per worker process")
+    commit_interval_s: float = knob(0.2, "how often finished groups are committed downstream")
+    request_shards: int = knob(4, "keys that requests are spread over (state and timers are per key)")
+    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate")
+    # A whole trajectory, prompt included: fits one record row.
+    max_tokens: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "the layout's trajectory length")
+    step_timeout_s: float = knob(30.0, "an environment step (tool call) longer than this ends its episode as timeout")
+    episode_timeout_s: float = knob(120.0, "a whole episode longer than this ends as timeout")
+    policy_poll_s: float = knob(1.0, "how often a worker looks for a new policy version")
+    policy_wait_s: float = knob(
+        300.0,
+        "how long a worker waits for the first policy version, and for a request's minimum version "
+        "(after that the request runs anyway and the learner's staleness filter decides)",
+    )
+    advantage_estimator: str = knob(
+        "grpo", "group-relative advantages, computed once a group is complete", choices=sorted(ADVANTAGE_ESTIMATORS)
+    )
+    logdir: str | None = knob(
+        None, "each worker writes rollout/... scalars here (TensorBoard + JSONL), one run per process"
+    )
+    trace_dir: str | None = knob(None, "each worker writes its timeline spans here (off when unset)")
+    telemetry_every_s: float = knob(2.0, "telemetry row interval")
 
     def __post_init__(self):
-        if not isinstance(self.policy_root, str) or not self.policy_root:
+        # None: not known yet (a config's defaults); a worker refuses it (RolloutWorker).
+        if self.policy_root is not None and (not isinstance(self.policy_root, str) or not self.policy_root):
             raise ValueError("policy_root must name the policy store")
         if self.model_config not in MODEL_CONFIGS:
             raise ValueError(f"model_config must be one of {sorted(MODEL_CONFIGS)}, got {self.model_config!r}")

@@ -1,7 +1,7 @@
 """The evaluator: scores every published policy version on held-out tasks, beside the
 learner and outside the training data path.
 
-    python -m rollout.evaluator --policy_root RUN/policy-store --env calculator \\
+    agentic-rl evaluate --policy_root RUN/policy-store --env calculator \\
         --n 256 --out RUN/eval.jsonl [--stop_file RUN/final_version]
 
 Its own process: locally the demo starts it next to the learner; in the cloud it runs
@@ -12,12 +12,13 @@ are skipped and counted, never queued without bound. Each (version, mode) become
 JSON row of --out: success, mean turns, tool-call error rate, episode statuses, the
 version's learner step and publish time. With --stop_file, once that file holds the final
 version number, it scores that version too and exits. Its episodes never produce
-trajectories or records, so evaluation never trains.
+trajectories or records, so evaluation never trains. Its flags are EvaluatorConfig's
+(`python -m rollout.evaluator` is the same command).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,8 @@ from pathlib import Path
 from flax import nnx
 
 import environments
+from core import config
+from core.config import knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.store import PolicyStore, StoreError
 from core.policy.config import MODEL_CONFIGS, model_config
@@ -41,33 +44,33 @@ from rollout.evaluation import MODES, evaluate
 log = logging.getLogger("evaluator")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policy_root", required=True)
-    p.add_argument("--out", required=True, help="JSONL file, one row per (version, mode)")
-    p.add_argument("--env", default="calculator")
-    p.add_argument("--env_config", type=json.loads, default={}, help="JSON; tool latency is off unless given")
-    p.add_argument("--n", type=int, default=256, help="held-out tasks per evaluation")
-    p.add_argument("--task_seed", type=int, default=0)
-    p.add_argument("--data_dir", default=None, help="read the test split from the environment's TFDS dataset")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {MODES}")
-    p.add_argument("--model_config", default="tiny", choices=sorted(MODEL_CONFIGS))
-    p.add_argument(
-        "--max_tokens",
-        type=int,
-        default=DEFAULT_MAX_TRAJECTORY_LEN,
-        help="episode length cap (the layout's max_trajectory_len)",
-    )
-    p.add_argument("--max_new_tokens_per_turn", type=int, default=32)
-    p.add_argument("--slots", type=int, default=64, help="episodes decoded at once")
-    p.add_argument("--poll_s", type=float, default=1.0)
-    p.add_argument("--stop_file", default=None, help="holds the final version once the learner is done")
-    p.add_argument("--timeout_s", type=float, default=3600.0, help="give up (exit 1) after this long")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority (shared machines)")
-    p.add_argument("--logdir", default=None, help="eval/... scalars (TensorBoard + JSONL) under <logdir>/evaluator")
-    p.add_argument("--trace_dir", default=None, help="the evaluator's timeline spans (off when unset)")
-    return p
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvaluatorConfig:
+    """The evaluator's flags; checked where they are used (`run`), before any model is built."""
+
+    policy_root: str = knob(help="policy store root: a directory or gs://…")
+    out: str = knob(help="JSONL file, one row per (version, mode)")
+    env: str = knob("calculator", "the environment whose test split is scored")
+    env_config: dict = knob({}, "JSON; tool latency is off unless given")
+    n: int = knob(256, "held-out tasks per evaluation")
+    task_seed: int = knob(0, "seed of the held-out tasks")
+    data_dir: str | None = knob(None, "read the test split from the environment's TFDS dataset")
+    modes: str = knob(",".join(MODES), f"comma-separated, from {MODES}")
+    model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
+    max_tokens: int = knob(DEFAULT_MAX_TRAJECTORY_LEN, "episode length cap (the layout's max_trajectory_len)")
+    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate")
+    slots: int = knob(64, "episodes decoded at once")
+    poll_s: float = knob(1.0, "how often the store is looked at for a new version")
+    stop_file: str | None = knob(None, "holds the final version once the learner is done")
+    timeout_s: float = knob(3600.0, "give up (exit 1) after this long")
+    seed: int = knob(0, "sampling seed")
+    nice: int = knob(0, "lower this process's CPU priority (shared machines)")
+    logdir: str | None = knob(None, "eval/... scalars (TensorBoard + JSONL) under <logdir>/evaluator")
+    trace_dir: str | None = knob(None, "the evaluator's timeline spans (off when unset)")
+
+
+def parse_args(argv=None) -> EvaluatorConfig:
+    return config.parse(EvaluatorConfig, argv, description=__doc__, prog="agentic-rl evaluate")
 
 
 def held_out_tasks(args) -> list:
@@ -92,7 +95,7 @@ def final_version(stop_file: str | None) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def run(args) -> list[dict]:
+def run(args: EvaluatorConfig) -> list[dict]:
     writer, tracer = scalars.make_writer(args.logdir, "evaluator"), trace.make_tracer(args.trace_dir, "evaluator")
     try:
         return _run(args, writer, tracer)
@@ -184,7 +187,7 @@ def main(argv=None) -> int:
     # force: absl (imported by orbax and tfds) installs a root handler first, which would
     # swallow our lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    run(build_parser().parse_args(argv))
+    run(parse_args(argv))
     return 0
 
 

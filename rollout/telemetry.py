@@ -3,7 +3,7 @@ poller did, written every `every_s` seconds as one `rollout/...` row (TensorBoar
 JSONL, core.telemetry.scalars) and as spans on the process's trace.
 
 Why not Beam Metrics alone: BundleBasedDirectRunner reports only the first bundle's
-metric updates of a running job (DESIGN.md), so a local run's counters would read near
+metric updates of a running job (docs/ARCHITECTURE.md), so a local run's counters would read near
 zero. Beam Metrics stay as they are (Dataflow shows them); this is the same counting,
 kept in the process and flushed to files. One instance per worker process, installed by
 the RolloutWorker; DoFns find it with `current()` (they are pickled, so they cannot hold it).

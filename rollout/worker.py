@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 class RolloutWorker:
     def __init__(self, cfg: EngineConfig):
+        if not cfg.policy_root:
+            raise ValueError("policy_root must name the policy store (EngineConfig.policy_root is unset)")
         environments.load_entry_points()  # environments from installed plugin packages
         self.cfg, self.limits = cfg, cfg.limits
         # The process's telemetry and tracer, found by the DoFns through current().

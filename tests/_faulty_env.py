@@ -1,6 +1,6 @@
 """A test environment whose fault is chosen by the task: `task.meta["fault"]`.
 
-Used by tests/test_rollout_faults.py through a running rollout pipeline. The pipeline
+Used by tests/test_rollout_faults_*.py (tests/_rollout_job.py) through a running rollout pipeline. The pipeline
 subprocess finds it the way it finds any plugin environment: an `agentic_rl.environments`
 entry point (`faulty = tests._faulty_env:make_env`) of a distribution on its sys.path.
 

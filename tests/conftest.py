@@ -1,20 +1,107 @@
-"""Shared fixtures. The Pub/Sub emulator is started once per session, on first use."""
+"""Shared fixtures, and the test tiers.
+
+The Pub/Sub emulator is started once per session, on first use.
+
+Tiers: `e2e` marks every test that starts one of our entry points or an emulator in
+another process (`make test-fast` leaves them out; `make test` runs them); `slow` marks
+minutes-long runs of the main job (left out unless asked for). A test gets `e2e` by using
+an emulator fixture (E2E_FIXTURES), by being slow, or by a mark in its file. It cannot be forgotten: a test
+without the mark that starts such a process fails, naming the command.
+"""
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
+import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
 from localstack.emulators.pubsub import EmulatorUnavailable, PubSubEmulator
 from localstack.launch import processes
 
+REPO = Path(__file__).resolve().parent.parent
+# Fixtures that start an emulator (it is started once, in the first test that asks).
+E2E_FIXTURES = frozenset({"pubsub_emulator", "gcs"})
+EMULATORS = frozenset({"gcloud", "java"})
+_PACKAGES = sorted(p.parent.name for p in REPO.glob("*/__init__.py")) + ["benchmarks", "tests", "pytest"]
+_OURS = re.compile(rf"(?:^|[^\w.])(?:{'|'.join(_PACKAGES)})(?:\.\w|\s+import\b|\s*$|['\"])", re.MULTILINE)
+_E2E_STARTED = pytest.StashKey[list]()  # what a test not marked e2e started
+_REPORTED = pytest.StashKey[bool]()
+
 
 def pytest_configure(config):
     # A test run killed by a timeout (SIGKILL) must not leave its emulators and pipelines
     # behind: a watchdog process stops every group the session starts if the session dies.
     processes.start_watchdog()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        # A slow test runs the main job: it is e2e too.
+        if E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.e2e)
+
+
+def e2e_command(args) -> str | None:
+    """The command, if it is one of our entry points or an emulator in another process."""
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    argv = [os.fsdecode(a) for a in argv]
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    if name in EMULATORS or name == "agentic-rl":
+        return " ".join(argv)
+    if not re.fullmatch(r"python[\d.]*", name):
+        return None  # e.g. bwrap: the code sandbox, a unit of its own
+    for flag, value in itertools.pairwise(argv[1:]):
+        if flag == "-m" and value.split(".")[0] in _PACKAGES:
+            return " ".join(argv)
+        if flag == "-c" and _OURS.search(value):
+            return f"{argv[0]} -c {value.strip().splitlines()[0][:80]!r}..."
+    scripts = [a for a in argv[1:] if a.endswith(".py")]
+    if any(Path(s).resolve().is_relative_to(REPO) for s in scripts):
+        return " ".join(argv)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Outside e2e tests, watch every subprocess started (in setup, call and teardown)."""
+    if item.get_closest_marker("e2e"):
+        return (yield)
+    started = item.stash.setdefault(_E2E_STARTED, [])
+    original = subprocess.Popen.__init__
+
+    def watched(self, args, *rest, **kwargs):
+        original(self, args, *rest, **kwargs)
+        command = e2e_command(args)  # after: a command that could not start started nothing
+        if command:
+            started.append(command)
+
+    subprocess.Popen.__init__ = watched
+    try:
+        return (yield)
+    finally:
+        subprocess.Popen.__init__ = original
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    started = item.stash.get(_E2E_STARTED, None)
+    # Reported once: with the call, or at teardown when setup failed or started it.
+    if started and (report.when == "call" or (report.when == "teardown" and not item.stash.get(_REPORTED, False))):
+        item.stash[_REPORTED] = True
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} is not marked e2e but started {started[0]!r}: our entry points and the emulators "
+            "in another process are e2e (mark it, or add its fixture to E2E_FIXTURES in tests/conftest.py)"
+        )
+    return report
 
 
 @pytest.fixture(scope="session")

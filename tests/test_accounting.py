@@ -22,7 +22,7 @@ def test_every_trajectory_somewhere_balances(trained, stale, buffered, in_flight
         written_off=0,
         in_flight=in_flight,
     )
-    assert a["balanced"] and a["unexplained_requested"] == a["unexplained_received"] == 0
+    assert a.balanced and a.unexplained_requested == a.unexplained_received == 0
     assert not any(line.startswith("MISMATCH") for line in format_accounting(a))
 
 
@@ -37,6 +37,6 @@ def test_a_lost_trajectory_is_a_mismatch_with_its_size():
         written_off=0,
         in_flight=5,  # 3 requested trajectories are nowhere
     )
-    assert not a["balanced"]
-    assert (a["unexplained_requested"], a["unexplained_received"]) == (3, 2)
+    assert not a.balanced
+    assert (a.unexplained_requested, a.unexplained_received) == (3, 2)
     assert format_accounting(a)[-1].startswith("MISMATCH: 3 requested and 2 received")

@@ -1,10 +1,7 @@
 """CalculatorEnv end to end with real policies, the safe evaluator, latency, tasks, registry."""
 
 import asyncio
-import json
-import random
 import re
-import string
 import time
 
 import pytest
@@ -61,20 +58,6 @@ def test_tasks_need_several_tool_calls():
     assert reward == 1.0 and last.info["tool_calls"] == 2
 
 
-def test_garbage_policy_scores_near_zero():
-    rng = random.Random(0)
-
-    def garbage(prompt, history):
-        return "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 40)))
-
-    env = CalculatorEnv()
-    tasks = generate_tasks(seed=2, n=100, split="train")
-    results = [asyncio.run(run_episode(env, t, garbage)) for t in tasks]
-    assert sum(r for r, _ in results) / len(results) < 0.1
-    assert all(last.info["status"] == EpisodeStatus.TRUNCATED for _, last in results)
-    assert all(last.info["malformed_calls"] == 4 for _, last in results)
-
-
 def test_wrong_or_non_integer_answer_gets_zero():
     task = Task("t", "Compute 2+2. ", "4")
     env = CalculatorEnv()
@@ -99,30 +82,6 @@ def _steps(env, task, actions):
         return [await env.step(a) for a in actions]
 
     return asyncio.run(go())
-
-
-def test_malformed_and_unknown_tools_are_counted_errors():
-    env = CalculatorEnv(CalculatorConfig(max_turns=10))
-    results = _steps(
-        env,
-        Task("t", "Compute 1+1. ", "2"),
-        [
-            "hello",
-            "<call calc>1+1",
-            "<call search>x</call>",
-            "<call>1</call>",
-            "<call python>1</call>",
-            "<answer>2</answer>",
-        ],
-    )
-    for r in results[:5]:
-        assert r.observation.startswith("<error>") and r.observation.endswith("</error>")
-        assert r.reward == 0.0 and not r.done
-    assert "unknown tool" in results[2].observation
-    last = results[-1]
-    assert last.reward == 1.0 and last.done
-    assert last.info["malformed_calls"] == 3 and last.info["unknown_tool_calls"] == 2
-    assert last.info["tool_calls"] == 0
 
 
 @pytest.mark.parametrize(
@@ -217,11 +176,9 @@ def test_injected_latency_is_awaited_and_overlaps():
     assert elapsed < 0.5 * 10 * calls * 0.2, elapsed  # serial would be >= 10 * calls * 0.2 s
 
 
-def test_task_generation_is_deterministic_and_splits_disjoint():
-    a, b = generate_tasks(7, 300, "train"), generate_tasks(7, 300, "train")
-    assert a == b
-    assert generate_tasks(8, 300, "train") != a
-    assert len({t.task_id for t in a}) == 300
+def test_tasks_are_short_expressions_with_their_values_and_splits_never_share_one():
+    # Determinism, unique ids, JSON and split names: tests/test_environment_contract.py.
+    a = generate_tasks(7, 300, "train")
     train = {t.meta["expression"] for s in range(3) for t in generate_tasks(s, 300, "train")}
     test = {t.meta["expression"] for s in range(3) for t in generate_tasks(s, 300, "test")}
     assert train and test and not train & test
@@ -230,13 +187,9 @@ def test_task_generation_is_deterministic_and_splits_disjoint():
         assert t.target == str(E.safe_eval(t.meta["expression"]))
     n_ops = {len(re.findall(r"[+\-*]", t.meta["expression"])) for t in a}
     assert n_ops == {1, 2}
-    with pytest.raises(ValueError):
-        generate_tasks(0, 1, split="validation")
 
 
-def test_task_json_round_trip_and_validation():
-    for t in generate_tasks(3, 5, "test"):
-        assert Task.from_json_dict(json.loads(json.dumps(t.to_json_dict()))) == t
+def test_task_json_validation():
     assert Task.from_json_dict({"task_id": "a", "prompt": "p", "target": "1"}).meta == {}
     bad = [
         None,

@@ -1,7 +1,6 @@
 """The capacity planner's arithmetic on synthetic measurements (Little's law), the
 learner's start-up warning, and synchronous rounds sized like the asynchronous steps."""
 
-import argparse
 import json
 import math
 import threading
@@ -13,7 +12,7 @@ from hypothesis import strategies as st
 from core.contracts.record_shape import RecordShape
 from tests._learner_data import random_record
 from trainer.learning.batches import BatchBuffer
-from trainer.learning.builder import warn_if_short
+from trainer.learning.builder import read_plan, warn_if_short
 from trainer.learning.capacity import Measurements, check_async, make_plan, predict_sync, shortfall_warning
 from trainer.learning.feeder import TrajectoryCredits
 from trainer.learning.schedule import SyncSchedule
@@ -149,12 +148,12 @@ def test_the_learner_warns_at_start_when_its_window_is_short(tmp_path, caplog):
     m = _m()
     plan = {"measurements": m.__dict__, "plan": {"target_duty": 0.9}}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    args = argparse.Namespace(plan=str(tmp_path / "plan.json"), sync=False, publish_every=2)
+    plan = read_plan(str(tmp_path / "plan.json"))
     with caplog.at_level("WARNING", logger="trainer"):
-        assert "bound by credits" in warn_if_short(args, TrajectoryCredits(96))
+        assert "bound by credits" in warn_if_short(plan, TrajectoryCredits(96), publish_every=2)
     assert "cannot keep the learner" in caplog.text
-    assert warn_if_short(args, TrajectoryCredits(10_000)) is None
-    assert warn_if_short(argparse.Namespace(plan=None, sync=False, publish_every=2), TrajectoryCredits(8)) is None
+    assert warn_if_short(plan, TrajectoryCredits(10_000), publish_every=2) is None
+    assert warn_if_short(read_plan(None), TrajectoryCredits(8), publish_every=2) is None
 
 
 def _record(i, n_traj):
@@ -177,7 +176,7 @@ def test_sync_rounds_are_sized_from_the_packing_seen_so_far():
     trained = []
     while batch := schedule.next_batch(0):
         trained.append(batch)
-    assert len(trained) == 3 and schedule.summary()["sync_extra_steps"] == 1
+    assert len(trained) == 3 and schedule.summary().extra_steps == 1
     schedule.next_round()
     # 2 a record from now on, one record of room kept for a part-full flush: (2 x 2 - 1) x 2.
     assert schedule.round_sizes[-1] == 6

@@ -23,7 +23,7 @@ def gcs():
     emu.restore_env()
 
 
-@pytest.fixture(params=["local", "gcs"])
+@pytest.fixture(params=["local", pytest.param("gcs", marks=pytest.mark.e2e)])  # gcs: an emulator
 def ckpt_dir(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "ckpt")

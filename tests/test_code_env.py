@@ -2,8 +2,6 @@
 
 import asyncio
 import json
-import random
-import string
 
 import pytest
 
@@ -56,19 +54,6 @@ def test_oracle_solves_every_test_task():
         assert observations[0] == f"<result>{want}</result>"  # `run` showed the output
         assert last.info["sandbox_status"] == "ok" and last.info["tests_passed"] == 5
         assert (last.info["tool_calls"], last.info["turns"]) == (1, 2)
-
-
-def test_garbage_policy_scores_zero():
-    rng = random.Random(0)
-
-    def garbage(task, observations):
-        return "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 40)))
-
-    tasks = generate_tasks(seed=4, n=20, split="train")
-    results = [asyncio.run(episode(CodeEnv(), t, garbage)) for t in tasks]
-    assert sum(r for r, _, _ in results) == 0.0
-    assert all(last.info["status"] == EpisodeStatus.TRUNCATED for _, last, _ in results)
-    assert all(last.info["malformed_calls"] == 4 for _, last, _ in results)
 
 
 @pytest.mark.parametrize(
@@ -150,13 +135,14 @@ def test_run_shows_output_errors_and_sandbox_status():
     assert last.info["sandbox_s"] > 0
 
 
-def test_malformed_unknown_and_oversized_calls_are_counted_then_truncated():
-    cfg = CodeConfig(max_turns=4, max_code_chars=50)
-    actions = ["hello", "<call python>1</call>", "<call run>" + "#" * 51 + "</call>", "<call run>1"]
+def test_oversized_code_is_a_counted_tool_error_and_a_rejected_answer():
+    # Malformed and unknown calls in general: tests/test_environment_contract.py.
+    cfg = CodeConfig(max_turns=2, max_code_chars=50)
+    actions = ["<call run>" + "#" * 51 + "</call>", "<call run>" + "#" * 50 + "</call>"]
     total, last, obs = asyncio.run(episode(CodeEnv(cfg), ADD1, lambda t, o: actions[len(o)]))
+    assert obs[0].startswith("<error>") and obs[1] == "<result></result>"
     assert total == 0.0 and last.info["status"] == EpisodeStatus.TRUNCATED
-    assert (last.info["malformed_calls"], last.info["unknown_tool_calls"], last.info["tool_errors"]) == (2, 1, 1)
-    assert all(o.startswith("<error>") for o in obs)
+    assert (last.info["tool_calls"], last.info["tool_errors"]) == (2, 1)
     total, info = submit("#" * 51, cfg)
     assert total == 0.0 and info["sandbox_status"] == "rejected"
 
@@ -171,19 +157,12 @@ def test_scoring_trusts_only_tagged_lines_and_the_host_expectations():
     assert score_harness_output(line({"i": 0, "out": 1}), n, [1]) == (0, "harness did not finish")
 
 
-def test_tasks_are_deterministic_disjoint_and_serialisable():
+def test_tasks_are_short_and_splits_never_share_a_prompt_across_seeds():
+    # Determinism, unique ids, JSON and split names: tests/test_environment_contract.py.
     train = generate_tasks(seed=0, n=1000, split="train")
     test = generate_tasks(seed=0, n=50, split="test")
-    assert [t.to_json_dict() for t in train] == [
-        t.to_json_dict() for t in generate_tasks(seed=0, n=1000, split="train")
-    ]
-    assert generate_tasks(seed=1, n=50, split="test") != test
-    assert len({t.task_id for t in train}) == 1000 and len({t.task_id for t in test}) == 50
     assert not {t.prompt for t in train} & {t.prompt for t in generate_tasks(7, 200, "test")}
-    assert all(Task.from_json_dict(json.loads(json.dumps(t.to_json_dict()))) == t for t in test)
     assert max(len(t.prompt) for t in train + test) <= 48  # a tiny byte-level model reads it
-    with pytest.raises(ValueError):
-        generate_tasks(0, 5, "valid")
 
 
 def test_config_validates_and_accepts_specs():

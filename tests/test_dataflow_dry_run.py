@@ -9,6 +9,7 @@ network is used. The Job's `environment` (sdkPipelineOptions, temp storage) is n
 filled in while staging; we build that part with apiclient.Environment, also offline.
 """
 
+import json
 import shutil
 import tarfile
 import tempfile
@@ -22,7 +23,11 @@ from apache_beam.portability.api import beam_runner_api_pb2 as rapi
 from apache_beam.runners.dataflow.internal import apiclient
 
 from pipelines import rollout
-from pipelines.options import RolloutOptions, packing_config
+from pipelines.options import rollout_config
+from pipelines.pubsub_write import WriteRecordsToPubSub
+
+# The dry run builds the sdist with `setup.py sdist` in another process.
+pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "rl-project-123"  # Beam wants an id of the real form
@@ -41,6 +46,8 @@ ARGV = [
     "--policy_root=gs://rl-bucket/store",
     "--buckets=128,256",
     "--window_s=30",
+    "--content_dedup",
+    "--engine_slots=16",
 ]
 
 
@@ -81,17 +88,27 @@ def test_it_is_a_streaming_job(job):
     assert "enable_streaming_engine" in job.options.view_as(DebugOptions).experiments
 
 
+def dofn(transform):
+    """The DoFn a ParDo step runs, as a Dataflow worker would unpickle it."""
+    from apache_beam.internal import pickler
+
+    payload = rapi.ParDoPayload.FromString(transform.spec.payload)
+    return pickler.loads(payload.do_fn.payload)[0]
+
+
 def test_reads_requests_and_writes_records_on_pubsub(job):
     reads = [
         rapi.PubSubReadPayload.FromString(t.spec.payload)
         for t in transforms_with(job, common_urns.composites.PUBSUB_READ.urn)
     ]
-    writes = [
-        rapi.PubSubWritePayload.FromString(t.spec.payload)
-        for t in transforms_with(job, common_urns.composites.PUBSUB_WRITE.urn)
-    ]
     assert [(r.subscription, r.with_attributes) for r in reads] == [(REQUESTS, True)]
-    assert RECORDS in [w.topic for w in writes]
+    # Records go out through our publisher DoFn (one client per worker process), not Beam's sink.
+    assert not transforms_with(job, common_urns.composites.PUBSUB_WRITE.urn)
+    (publish,) = [
+        t for t in job.proto_pipeline.components.transforms.values() if t.unique_name == "WriteRecords/Publish"
+    ]
+    fn = dofn(publish)
+    assert type(fn).__module__ == WriteRecordsToPubSub.__module__ and fn.topic == RECORDS
 
 
 def test_setup_file_is_carried_and_staged(job):
@@ -116,9 +133,15 @@ def test_setup_file_is_carried_and_staged(job):
         assert any(n.endswith(module) for n in names), module
 
 
-def test_the_packing_flags_parse_as_the_workers_will_see_them(job):
-    cfg = packing_config(job.options.view_as(RolloutOptions))
-    assert cfg.buckets == (128, 256) and cfg.window_s == 30.0
+def test_the_flags_parse_as_the_workers_will_see_them(job):
+    """A worker re-creates its options from the sdkPipelineOptions dict: the tree built
+    there (list flags as text, bools as bare flags) is the launcher's."""
+    launcher = rollout_config(job.options)
+    assert launcher.packing.buckets == (128, 256) and launcher.packing.window_s == 30.0
+    assert launcher.packing.content_dedup and launcher.engine.slots == 16
+    # What the service stores (sdkPipelineOptions: JSON, where a tuple would become a list).
+    sent = json.loads(json.dumps(job.options.get_all_options()))
+    assert rollout_config(PipelineOptions.from_dictionary(sent)) == launcher
 
 
 def test_the_packer_translates_for_dataflow():

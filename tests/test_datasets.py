@@ -140,6 +140,7 @@ _OFFLINE_SCRIPT = _NO_NETWORK + textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_builds_offline_without_tensorflow_or_downloads(tmp_path):
     home, data_dir = tmp_path / "home", tmp_path / "data"
     tmp = tmp_path / "tmp"

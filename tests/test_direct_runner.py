@@ -1,11 +1,21 @@
-"""The local runner's speed-ups change nothing but the cost: the same arguments, the same
-publisher behaviour, one client per process."""
+"""The local runner's patches change nothing but the cost: the same answers, the same
+output on a real BundleBasedDirectRunner pipeline patched and not, undone on request,
+and refused on a Beam version they were not written for. The publisher DoFn
+(pipelines/pubsub_write.py) is a supported route: one client per process, messages with
+their attributes on the emulator."""
+
+import logging
 
 import apache_beam as beam
-from apache_beam.io.gcp import pubsub as beam_pubsub
-from apache_beam.transforms import core
+import pytest
+from apache_beam.io.gcp.pubsub import PubsubMessage
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import core, userstate
+from apache_beam.utils.shared import Shared
 
-from pipelines import direct_runner
+from core.contracts import pubsub_io
+from pipelines import direct_runner, pubsub_write
 
 
 class _Stateful(beam.DoFn):
@@ -13,25 +23,113 @@ class _Stateful(beam.DoFn):
         yield element
 
 
+class _RunningCount(beam.DoFn):
+    """A stateful DoFn: the runner inspects its specs and arguments for every bundle."""
+
+    COUNT = userstate.CombiningValueStateSpec("count", combine_fn=sum)
+
+    def process(self, kv, count=beam.DoFn.StateParam(COUNT)):
+        count.add(kv[1])  # 1 each: the running counts are the same in any order
+        yield f"{kv[0]}:{count.read()}"
+
+
+def _run_small_pipeline(out_dir) -> list[str]:
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
+    with beam.Pipeline(options=options) as p:
+        (
+            p
+            | beam.Create([(k % 3, k) for k in range(12)])
+            | beam.Map(lambda kv, one=1: (kv[0], one))
+            | beam.ParDo(_RunningCount())
+            | beam.io.WriteToText(str(out_dir / "out"))
+        )
+    return sorted(line for f in out_dir.iterdir() for line in f.read_text().splitlines())
+
+
+@pytest.fixture(autouse=True)
+def _unpatched():
+    direct_runner.undo()
+    yield
+    direct_runner.undo()
+
+
 def test_memoised_introspection_answers_as_beam_does():
     fn, wrapped = _Stateful(), beam.Map(lambda x, y=2: x).dofn
     want = core.get_function_arguments(fn, "process"), core.get_function_arguments(wrapped, "process")
-    direct_runner.memoise_dofn_specs()
-    for _ in range(2):  # the second answer comes from the cache
-        got = core.get_function_arguments(fn, "process"), core.get_function_arguments(wrapped, "process")
-        assert got == want
-    args, _ = core.get_function_arguments(_Stateful(), "process")
-    args.append("mutated")  # a caller's change never reaches the cache
-    assert core.get_function_arguments(_Stateful(), "process") == want[0]
-    other = beam.Map(lambda a, b, c=1: a).dofn  # per instance: never the first lambda's answer
-    assert core.get_function_arguments(other, "process") != want[1]
+    with direct_runner.patched() as on:
+        assert on and core.get_function_arguments is not direct_runner._PATCH._saved[-1][2]
+        for _ in range(2):  # the second answer comes from the cache
+            got = core.get_function_arguments(fn, "process"), core.get_function_arguments(wrapped, "process")
+            assert got == want
+        args, _ = core.get_function_arguments(_Stateful(), "process")
+        args.append("mutated")  # a caller's change never reaches the cache
+        assert core.get_function_arguments(_Stateful(), "process") == want[0]
+        other = beam.Map(lambda a, b, c=1: a).dofn  # per instance: never the first lambda's answer
+        assert core.get_function_arguments(other, "process") != want[1]
 
 
-def test_write_to_pubsub_dofns_share_one_publisher(monkeypatch):
-    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "localhost:1")  # no credentials needed; nothing is sent
-    direct_runner.share_pubsub_publishers()
-    fns = [beam_pubsub._PubSubWriteDoFn(beam.io.WriteToPubSub(f"projects/local-project/topics/t{i}")) for i in range(2)]
-    for fn in fns:
-        fn.setup()
-    assert fns[0]._pub_client is fns[1]._pub_client
-    assert [fn._topic for fn in fns] == ["projects/local-project/topics/t0", "projects/local-project/topics/t1"]
+def test_undo_puts_beams_functions_back():
+    from apache_beam.runners.direct import transform_evaluator
+
+    originals = core.get_function_arguments, userstate.get_dofn_specs, transform_evaluator.get_dofn_specs
+    assert direct_runner.apply() and direct_runner.apply()  # idempotent
+    assert core.get_function_arguments is not originals[0] and userstate.get_dofn_specs is not originals[1]
+    direct_runner.undo()
+    assert (core.get_function_arguments, userstate.get_dofn_specs, transform_evaluator.get_dofn_specs) == originals
+    assert not direct_runner.applied()
+
+
+def test_patched_and_unpatched_beam_give_the_same_output(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "patched").mkdir()
+    plain = _run_small_pipeline(tmp_path / "plain")
+    with direct_runner.patched() as on:
+        assert on
+        patched = _run_small_pipeline(tmp_path / "patched")
+    assert not direct_runner.applied()
+    assert plain == patched
+    assert plain == sorted(f"{k}:{n}" for k in range(3) for n in range(1, 5))
+
+
+def test_an_unknown_beam_version_is_not_patched(monkeypatch, caplog):
+    monkeypatch.setattr(direct_runner.apache_beam, "__version__", "9.99.0")
+    original = core.get_function_arguments
+    with caplog.at_level(logging.WARNING, logger=direct_runner.__name__):
+        assert direct_runner.apply() is False
+    assert core.get_function_arguments is original and not direct_runner.applied()
+    assert "apache-beam 9.99.0: not patching" in caplog.text and "2.77.0" in caplog.text
+
+
+def test_write_steps_share_one_publisher_and_publish_with_attributes(pubsub_emulator, unique_name, monkeypatch):
+    monkeypatch.setattr(pubsub_write, "_PUBLISHER", Shared())  # a fresh client, on the emulator
+    monkeypatch.setattr(pubsub_write, "_KEEP", [])
+    emu = pubsub_emulator
+    topics = [emu.create_topic(unique_name("write")) for _ in range(2)]
+    subs = [emu.create_subscription(unique_name("write-sub"), t.rsplit("/", 1)[1]) for t in topics]
+    options = PipelineOptions(["--runner=BundleBasedDirectRunner"])
+    p = beam.Pipeline(options=options)
+    for i, topic in enumerate(topics):
+        msgs = [PubsubMessage(f"m{i}-{j}".encode(), {"kind": f"k{i}", "j": str(j)}) for j in range(5)]
+        _ = p | f"Create{i}" >> beam.Create(msgs) | f"Write{i}" >> pubsub_write.WriteRecordsToPubSub(topic)
+    result = p.run()
+    result.wait_until_finish()
+    assert len(pubsub_write._KEEP) == 1  # every bundle of both steps: one client
+    published = result.metrics().query(MetricsFilter().with_name("pubsub_messages_published"))["counters"]
+    assert sum(c.committed for c in published) == 10
+    sub = pubsub_io.subscriber_client()
+    for i, path in enumerate(subs):
+        got = []
+        for _ in range(20):
+            msgs = pubsub_io.pull(sub, path, 10, timeout_s=2.0)
+            pubsub_io.ack(sub, path, [m.ack_id for m in msgs])
+            got += [m.message for m in msgs]
+            if len(got) >= 5:
+                break
+        assert sorted((m.data, dict(m.attributes)) for m in got) == [
+            (f"m{i}-{j}".encode(), {"kind": f"k{i}", "j": str(j)}) for j in range(5)
+        ]
+
+
+def test_a_topic_that_is_not_a_path_is_refused():
+    with pytest.raises(ValueError, match="projects/P/topics/T"):
+        pubsub_write.WriteRecordsToPubSub("records")

@@ -15,10 +15,15 @@ import pytest
 from _records_data import make_record, rewrite_header
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from core import config
 from core.contracts import pubsub_io, records
 from core.contracts.store import PolicyStore
 from core.telemetry import scalars
-from localstack.launch.demo import parse_args, run_local
+from localstack.launch.demo import run_local
+from localstack.launch.demo_config import DemoConfig
+from tests import _commands as commands
+
+pytestmark = pytest.mark.e2e  # the demo: the emulator, the pipeline and the learner
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -83,56 +88,60 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     workdir = tmp_path / "demo"
     saboteur = _Saboteur(workdir, expect=len(_bad_records()) + 1)
     saboteur.start()
-    args = parse_args(
-        [
-            f"--workdir={workdir}",
-            "--max_steps=10",
-            "--publish_every=3",
-            "--tool_latency=fixed:0.02",
-            "--policy_poll_s=0.2",
-            "--timeout_s=400",
-            "--warmstart_steps=0",
-            "--eval_n=16",
-            "--batch_records=2",
-            "--group_size=4",
-            "--keep_zero_signal",  # random init: nearly every group is all-zero reward
-            # The learner's own credits: the plan's window (sized for a busy learner) would
-            # hold all 10 steps' trajectories at once, all from v0. The sync test runs the plan.
-            "--plan=off",
-        ]
+    args = config.build(
+        DemoConfig,
+        workdir=str(workdir),
+        max_steps=10,
+        publish_every=3,
+        tool_latency="fixed:0.02",
+        policy_poll_s=0.2,
+        timeout_s=400,
+        warmstart_steps=0,
+        eval_n=16,
+        batch_records=2,
+        group_size=4,
+        keep_zero_signal=True,  # random init: nearly every group is all-zero reward
+        # The learner's own credits: the plan's window (sized for a busy learner) would
+        # hold all 10 steps' trajectories at once, all from v0. The sync test runs the plan.
+        plan="off",
     )
     s = run_local(args)
     saboteur.join(timeout=30)
 
-    assert s["steps"] >= 10
-    assert len(s["policy_versions_published"]) >= 3  # v0 plus at least two trained versions
+    assert s.learner.steps >= 10
+    assert len(s.learner.policy_versions_published) >= 3  # v0 plus at least two trained versions
     store = PolicyStore(str(workdir / "policy-store"))
-    assert store.latest_version() == s["policy_versions_published"][-1]
+    assert store.latest_version() == s.learner.policy_versions_published[-1]
     assert store.latest_version() in store.versions()  # gc never removes the current version
-    by_version = {int(v): n for v, n in s["records_by_max_policy_version"].items()}
+    by_version = {int(v): n for v, n in s.learner.records_by_max_policy_version.items()}
     assert any(v >= 1 and n > 0 for v, n in by_version.items()), f"no record from a reloaded policy: {by_version}"
-    assert s["declared_record_shapes"] == ["4x256"]
-    assert s["record_shapes"] == {"4x256": s["records_consumed"]}
-    assert s["records_consumed"] >= 10 * 2  # records_rejected: the saboteur's, checked below
-    assert s["tokens_consumed"] > 0 and s["trajectories"] > 0
-    assert s["compiled_train_steps"] == 1  # fixed shapes: one compile for every step
-    assert 0.0 <= s["mean_reward"] <= 1.0
-    acc = s["accounting"]  # every requested trajectory is somewhere
-    assert acc["balanced"], acc
-    assert acc["trained"] > 0 and acc["requested"] == (s["requests_published"] + s["requests_redone"]) * 4
-    rec = s["reconciliation"]  # the rollout workers' own counts, joined to the learner's
-    assert rec["reconciled"], rec
-    assert rec["episodes"] >= rec["packed"] >= acc["received"] - acc["foreign"] > 0
-    assert rec["bad_requests"] == 1  # the saboteur's malformed request, below
-    report = Path(s["report"]).read_text()
+    assert s.learner.declared_record_shapes == ["4x256"]
+    assert s.learner.record_shapes == {"4x256": s.learner.records_consumed}
+    assert s.learner.records_consumed >= 10 * 2  # records_rejected: the saboteur's, checked below
+    assert s.learner.tokens_consumed > 0 and s.learner.trajectories > 0
+    assert s.learner.compiled_train_steps == 1  # fixed shapes: one compile for every step
+    assert 0.0 <= s.learner.mean_reward <= 1.0
+    acc = s.learner.accounting  # every requested trajectory is somewhere
+    assert acc.balanced, acc
+    assert acc.trained > 0 and acc.requested == (s.learner.requests_published + s.learner.requests_redone) * 4
+    rec = s.reconciliation  # the rollout workers' own counts, joined to the learner's
+    assert rec.reconciled, rec
+    assert rec.episodes >= rec.packed >= acc.received - acc.foreign > 0
+    assert rec.bad_requests == 1  # the saboteur's malformed request, below
+    report = Path(s.report).read_text()
     assert "Where every trajectory went" in report and "The rollout workers' counts, joined" in report
-    # The evaluator scored v0 and the final version, in both modes, beside the learner.
+    # The evaluator scored v0 and the final version, in both modes, beside the learner;
+    # the summary's success is its row's, the share of the 16 episodes that scored.
+    rows = scalars.read_rows(workdir / "eval.jsonl")
     for mode in ("sampled", "greedy"):
-        held = s["held_out"][mode]
-        assert held["first"]["version"] == 0 and held["last"]["version"] == s["policy_versions_published"][-1]
-        assert 0.0 <= held["last"]["success"] <= 1.0
+        held = s.held_out[mode]
+        assert held["first"]["version"] == 0 and held["last"]["version"] == s.learner.policy_versions_published[-1]
+        (row,) = [r for r in rows if r["mode"] == mode and r["version"] == held["last"]["version"]]
+        wins = round(row["success"] * 16)
+        assert held["last"]["success"] == row["success"] == pytest.approx(wins / 16) and row["n"] == 16
+        assert wins <= row["status"].get("finished", 0)
 
-    for pid in s["pids"].values():
+    for pid in s.pids.values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert _processes_mentioning(str(workdir)) == []  # emulator, pipeline and learner all gone
     _assert_run_files(workdir, s)
@@ -140,7 +149,7 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     # Bad input on the live path: every bad record dead-lettered with its reason, counted,
     # and the run trained on; the malformed request dead-lettered by the rollout job.
     assert saboteur.error is None, saboteur.error
-    assert s["records_rejected"] == len(_bad_records())
+    assert s.learner.records_rejected == len(_bad_records())
     record_letters = [d for d in saboteur.dead if "source_subscription" in d]
     assert len(record_letters) == len(_bad_records()) and all(d["error"] for d in record_letters)
     reasons = " | ".join(d["error"] for d in record_letters)
@@ -166,20 +175,20 @@ def _assert_run_files(workdir, s) -> None:
     logs = workdir / "logs"
     learner = _scalars(logs / "learner")
     for tag in ("losses/policy_loss", "perf/duty_cycle", "perf/trained_tokens_per_s_recent", "staleness/mean"):
-        assert [step for step, _ in learner[tag]] == list(range(1, s["steps"] + 1)), tag
+        assert [step for step, _ in learner[tag]] == list(range(1, s.learner.steps + 1)), tag
     rows = scalars.read_rows(logs / "learner" / scalars.JSONL)
-    assert [r["step"] for r in rows] == list(range(1, s["steps"] + 1))
-    assert rows[-1]["data/records_received"] == s["records_consumed"]
-    assert rows[-1]["policy/version"] == s["policy_versions_published"][-1]
+    assert [r["step"] for r in rows] == list(range(1, s.learner.steps + 1))
+    assert rows[-1]["data/records_received"] == s.learner.records_consumed
+    assert rows[-1]["policy/version"] == s.learner.policy_versions_published[-1]
     (rollout_dir,) = logs.glob("rollout-*")
     rollout = _scalars(rollout_dir)
-    assert max(v for _, v in rollout["rollout/episodes"]) >= s["trajectories"]  # every trajectory was an episode
-    assert max(v for _, v in rollout["rollout/records"]) >= s["records_consumed"]
+    assert max(v for _, v in rollout["rollout/episodes"]) >= s.learner.trajectories  # every trajectory was an episode
+    assert max(v for _, v in rollout["rollout/records"]) >= s.learner.records_consumed
     assert {"rollout/episodes_per_s", "rollout/env_latency_ms_p95", "rollout/fill_mean"} <= set(rollout)
     last = scalars.read_rows(rollout_dir / scalars.JSONL)[-1]
     assert sum(last["rollout/env_latency_hist"]["counts"]) == last["rollout/episodes"]
     evals = _scalars(logs / "evaluator")
-    assert {v for _, v in evals["eval/version"]} >= {0, s["policy_versions_published"][-1]}
+    assert {v for _, v in evals["eval/version"]} >= {0, s.learner.policy_versions_published[-1]}
     assert "eval/sampled_success" in evals and "eval/greedy_success" in evals
 
     doc = json.loads((workdir / "trace.json").read_text())
@@ -192,9 +201,9 @@ def _assert_run_files(workdir, s) -> None:
     assert {"episode", "model turn", "tool call", "policy reload", "pubsub publish"} <= names["rollout"]
     assert {"load policy", "evaluate"} <= names["evaluator"]
     steps = [e for e in doc["traceEvents"] if e["name"] == "train step"]
-    assert len(steps) == s["steps"]
+    assert len(steps) == s.learner.steps
 
-    report_md = Path(s["report"]).read_text()
+    report_md = Path(s.report).read_text()
     assert "trace.json" in report_md and "ui.perfetto.dev" in report_md
     pngs = re.findall(r"\((report/[\w.]+\.png)\)", report_md)
     assert {"report/success.png", "report/learner.png", "report/timeline.png"} <= set(pngs)
@@ -209,43 +218,42 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
     generated by the learner's current version, no rollout is thrown away, and the run
     neither deadlocks nor leaves processes behind."""
     workdir = tmp_path / "sync"
-    args = parse_args(
-        [
-            f"--workdir={workdir}",
-            "--max_steps=4",
-            "--publish_every=1",
-            "--warmstart_steps=0",
-            "--tool_latency=none",
-            "--policy_poll_s=0.1",
-            "--timeout_s=400",
-            "--sync",
-            "--keep_versions=2",
-            "--eval_n=0",
-            "--no-trace",
-            "--batch_records=2",
-            "--group_size=4",
-            "--keep_zero_signal",
-        ]
+    args = config.build(
+        DemoConfig,
+        workdir=str(workdir),
+        max_steps=4,
+        publish_every=1,
+        warmstart_steps=0,
+        tool_latency="none",
+        policy_poll_s=0.1,
+        timeout_s=400,
+        sync=True,
+        **{"learner.keep_versions": 2},
+        eval_n=0,
+        trace=False,
+        batch_records=2,
+        group_size=4,
+        keep_zero_signal=True,
     )
     s = run_local(args)
-    assert s["schedule"] == "sync" and s["steps"] == 4
+    assert s.learner.schedule == "sync" and s.learner.steps == 4
     # One version per round; a round whose records fill more than its step is trained in extra steps.
-    assert s["policy_versions_published"] == list(range(s["sync_rounds"] + 1))
-    assert 1 <= s["sync_rounds"] <= 4
-    assert set(s["staleness_histogram"]) == {"0"}
-    assert s["records_dropped_stale"] == 0 and s["trajectories_dropped_stale"] == 0  # no rollout wasted
-    assert s["sync_lost_trajectories"] == 0
-    assert s["accounting"]["balanced"], s["accounting"]
-    assert s["reconciliation"]["reconciled"], s["reconciliation"]
+    assert s.learner.policy_versions_published == list(range(s.learner.sync.rounds + 1))
+    assert 1 <= s.learner.sync.rounds <= 4
+    assert set(s.learner.staleness_histogram) == {"0"}
+    assert s.learner.records_dropped_stale == 0 and s.learner.trajectories_dropped_stale == 0  # no rollout wasted
+    assert s.learner.sync.lost_trajectories == 0
+    assert s.learner.accounting.balanced, s.learner.accounting
+    assert s.reconciliation.reconciled, s.reconciliation
     # The capacity plan ran first (the demo's default); the pipeline and the learner took it.
-    slots = s["plan"]["settings"]["engine_slots"]
+    slots = s.plan["settings"]["engine_slots"]
     assert f"rollout worker ready: {slots} slots" in (workdir / "pipeline.log").read_text()
-    last = s["policy_versions_published"][-1]
+    last = s.learner.policy_versions_published[-1]
     assert PolicyStore(str(workdir / "policy-store")).versions() == [last - 1, last]  # old versions collected
     assert _processes_mentioning(str(workdir)) == []
     # --no-trace: no spans anywhere, and the report says the timeline is missing (and why).
     assert not (workdir / "trace").exists() and not (workdir / "trace.json").exists()
-    report_md = Path(s["report"]).read_text()
+    report_md = Path(s.report).read_text()
     assert "timeline.png" not in report_md and "not traced" in report_md
     assert (workdir / "report" / "learner.png").exists()
 
@@ -273,13 +281,12 @@ def test_a_signal_to_the_demo_stops_everything_it_started(tmp_path, sig):
     kill -9 or the OOM killer (SIGKILL: its watchdog stops what it started): nothing survives."""
     import signal
     import subprocess
-    import sys
     import time
 
     workdir = tmp_path / "term"
-    flags = ["--warmstart_steps=0", "--eval_n=0", "--max_steps=1000", "--plan=off", "--timeout_s=600"]
-    flags += ["--keep_zero_signal", "--batch_records=1"]  # random init: a first step soon, not never
-    demo = subprocess.Popen([sys.executable, "-m", "localstack.launch.demo", f"--workdir={workdir}", *flags])
+    settings = {"warmstart_steps": 0, "eval_n": 0, "max_steps": 1000, "plan": "off", "timeout_s": 600}
+    settings |= {"keep_zero_signal": True, "batch_records": 1}  # random init: a first step soon, not never
+    demo = subprocess.Popen(commands.demo(workdir=str(workdir), **settings))
     try:
         deadline = time.monotonic() + 180
         # Emulator, learner and pipeline all started; for SIGTERM, the learner has trained a step.

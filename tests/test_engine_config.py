@@ -4,10 +4,13 @@ and the CLIs offer exactly the choices the code defines."""
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from core import config
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
+from pipelines.config import RolloutJobConfig
 from pipelines.options import engine_config
 from rollout.engine_config import EngineConfig
 from trainer import task
+from trainer.config import LearnerJobConfig
 from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 
 
@@ -67,13 +70,31 @@ def _choices(parser, dest):
 
 
 def test_cli_choices_come_from_the_constants():
-    learner = task.build_parser()
+    learner = config.make_parser(LearnerJobConfig)
     assert list(_choices(learner, "loss")) == list(ALGORITHMS)
     assert list(_choices(learner, "aggregation")) == list(AGGREGATIONS)
     assert list(_choices(learner, "kl_estimator")) == list(KL_ESTIMATORS)
     with pytest.raises(SystemExit):
-        task.parse_args(["--requests_topic=t", "--records_subscription=s", "--policy_root=/x", "--loss=sgd"])
+        task.parse_config(["--requests_topic=t", "--records_subscription=s", "--policy_root=/x", "--loss=sgd"])
     opts = PipelineOptions(["--advantage_estimator=nope"])
     with pytest.raises(SystemExit):
         opts.get_all_options()
     assert sorted(ADVANTAGE_ESTIMATORS) == ["dr_grpo", "grpo", "rloo"]
+    assert list(_choices(config.make_parser(RolloutJobConfig), "advantage_estimator")) == sorted(ADVANTAGE_ESTIMATORS)
+
+
+def test_the_job_derives_the_engines_store_and_trajectory_cap():
+    """Not flags: the policy store comes from the I/O section, the cap from the layout, on
+    every path that builds or changes the tree."""
+    flags = {leaf.flag for leaf in config.leaves(RolloutJobConfig)}
+    assert "max_tokens" not in flags and flags >= {"policy_root", "engine_slots", "telemetry_every_s"}
+    cfg = config.build(
+        RolloutJobConfig, policy_root="/store", buckets=(128, 512), max_trajectory_len=512, max_new_tokens_per_turn=300
+    )  # built with the derived cap: not refused against the default one
+    assert (cfg.engine.policy_root, cfg.engine.max_tokens) == ("/store", 512)
+    assert config.replace(cfg, max_trajectory_len=384).engine.max_tokens == 384
+    assert config.replace(cfg, policy_root="gs://b/store").engine.policy_root == "gs://b/store"
+    with pytest.raises(ValueError, match="max_new_tokens_per_turn"):
+        config.replace(cfg, max_trajectory_len=256)  # 300 new tokens no longer fit a trajectory
+    assert config.parse(RolloutJobConfig, config.to_argv(cfg)) == cfg
+    assert EngineConfig().policy_root is None  # a config's defaults; the worker refuses it

@@ -2,7 +2,6 @@
 truncation, latency overlap, and task splits."""
 
 import asyncio
-import json
 import random
 import re
 import time
@@ -116,11 +115,9 @@ def test_answer_is_a_final_guess(answer, reward):
     assert r.observation == ""
 
 
-def test_malformed_unknown_and_out_of_range_are_counted_errors():
+def test_out_of_range_and_non_integer_guesses_are_counted_tool_errors():
+    # Malformed and unknown calls in general: tests/test_environment_contract.py.
     actions = [
-        "hello",
-        "<call guess>42",
-        "<call search>42</call>",
         "<call guess>0</call>",
         "<call guess>101</call>",
         "<call guess>4.5</call>",
@@ -133,8 +130,7 @@ def test_malformed_unknown_and_out_of_range_are_counted_errors():
     for r in results[:-1]:
         assert r.observation.startswith("<error>") and r.observation.endswith("</error>")
         assert r.reward == 0.0 and not r.done
-    assert "unknown tool search" in results[2].observation
-    assert "1..100" in results[3].observation and "in range" in results[4].observation
+    assert "1..100" in results[0].observation and "in range" in results[1].observation
     last = results[-1]
     assert last.reward == 1.0 and last.done
     assert (
@@ -142,7 +138,7 @@ def test_malformed_unknown_and_out_of_range_are_counted_errors():
         last.info["unknown_tool_calls"],
         last.info["tool_errors"],
         last.info["tool_calls"],
-    ) == (2, 1, 6, 6)
+    ) == (0, 0, 6, 6)
 
 
 def test_out_of_turns_truncates_with_zero_reward():
@@ -177,11 +173,8 @@ def test_latency_is_awaited_and_overlaps_across_episodes():
     assert 0.1 * max(turns) <= elapsed < 0.3 * serial, (elapsed, serial)
 
 
-def test_task_generation_is_deterministic_and_splits_disjoint():
-    a = generate_tasks(7, 500, "train")
-    assert a == generate_tasks(7, 500, "train") and a != generate_tasks(8, 500, "train")
-    assert len({t.task_id for t in a}) == 500
-
+def test_tasks_carry_their_range_and_secret_and_splits_never_share_one():
+    # Determinism, unique ids, JSON and split names: tests/test_environment_contract.py.
     def keys(split):
         return {
             (t.meta["low"], t.meta["high"], t.meta["secret"]) for s in range(3) for t in generate_tasks(s, 500, split)
@@ -196,11 +189,10 @@ def test_task_generation_is_deterministic_and_splits_disjoint():
             assert 1 <= low <= secret <= high <= 100 and high - low + 1 >= MIN_WIDTH
             assert t.prompt == f"Guess my number in {low}..{high}. " and t.target == str(secret)
             assert len(t.prompt) <= 28
-            assert Task.from_json_dict(json.loads(json.dumps(t.to_json_dict()))) == t
     assert len(generate_tasks(0, 1000, "train")) == 1000  # what the trainer asks for
     small = generate_tasks(0, 5, "test", low=1000, high=1200)
     assert all(re.fullmatch(r"Guess my number in \d{4}\.\.\d{4}\. ", t.prompt) for t in small)
-    for bad in [dict(split="validation"), dict(n=-1), dict(low=5, high=4)]:
+    for bad in [dict(n=-1), dict(low=5, high=4)]:
         with pytest.raises(ValueError):
             generate_tasks(**{"seed": 0, "n": 1, **bad})
 
@@ -231,12 +223,9 @@ def test_config_and_task_validation():
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.text(max_size=40) | st.builds("<call guess>{}</call>".format, st.text(max_size=8)), min_size=1, max_size=8
-    )
-)
-def test_any_text_is_an_observation_never_an_exception(actions):
+@given(st.lists(st.builds("<call guess>{}</call>".format, st.text(max_size=8)), min_size=1, max_size=8))
+def test_any_guess_is_an_observation_never_an_exception(actions):
+    # Any text at all, in every environment: tests/test_environment_contract.py.
     async def go():
         env = GuessEnv()
         await env.reset(SECRET_42)

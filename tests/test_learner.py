@@ -16,6 +16,7 @@ from trainer.learning.learner import Learner, LearnerConfig
 HERE = os.path.dirname(__file__)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_meshes_give_the_same_loss_gradients_and_update_as_one_device():
     proc = subprocess.run(

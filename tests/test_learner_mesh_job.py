@@ -2,9 +2,7 @@
 end on a (data=4, model=2) mesh of 8 virtual CPU devices, from records on the real
 Pub/Sub emulator, and publishes policy versions that load back."""
 
-import json
 import os
-import sys
 import time
 
 import jax
@@ -14,11 +12,17 @@ from _learner_data import random_record
 from flax import nnx
 
 from core.contracts import pubsub_io
+from core.contracts.record_shape import LayoutConfig
 from core.contracts.records import attributes, encode
+from core.contracts.run_summary import RunSummary
 from core.contracts.store import PolicyStore
 from core.policy.config import ModelConfig
 from core.policy.model import abstract_tree, init_model, split_params
+from localstack.launch.commands import learner_command
 from localstack.launch.processes import ProcessGroup
+from trainer.config import LearnerJobConfig
+from trainer.learning.learner import LearnerConfig
+from trainer.learning.staleness import StalenessConfig
 
 STEPS, RECORDS = 4, 6
 
@@ -38,24 +42,19 @@ def test_learner_job_trains_on_a_4x2_mesh_of_virtual_devices(pubsub_emulator, un
         published.append(rec.record_id)
 
     store, summary_path = tmp_path / "store", tmp_path / "summary.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "trainer.task",
-        f"--requests_topic={emu.topic_path(requests)}",
-        f"--records_subscription={sub}",
-        f"--policy_root={store}",
-        "--mesh=data=4,model=2",
-        f"--max_steps={STEPS}",
-        "--publish_every=2",
-        "--batch_records=1",
-        "--rows=4",
-        "--seq_len=64",
-        "--max_segments_per_row=3",
-        "--max_staleness=50",
-        "--timeout_s=240",
-        f"--summary_path={summary_path}",
-    ]
+    cfg = LearnerJobConfig(
+        requests_topic=emu.topic_path(requests),
+        records_subscription=sub,
+        policy_root=str(store),
+        mesh="data=4,model=2",
+        max_steps=STEPS,
+        timeout_s=240.0,
+        summary_path=str(summary_path),
+        layout=LayoutConfig(rows=4, seq_len=64, max_segments_per_row=3),
+        learner=LearnerConfig(batch_records=1, publish_every=2),
+        staleness=StalenessConfig(max_staleness=50),
+    )
+    cmd = learner_command(cfg)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     with ProcessGroup(cmd, tmp_path / "learner.log", env) as learner:
         deadline = time.monotonic() + 300
@@ -63,14 +62,14 @@ def test_learner_job_trains_on_a_4x2_mesh_of_virtual_devices(pubsub_emulator, un
             time.sleep(0.5)
         assert learner.poll() == 0, learner.log_tail()
 
-    summary = json.loads(summary_path.read_text())
-    assert summary["mesh"] == {"data": 4, "model": 2}
-    assert summary["steps"] == STEPS
-    assert summary["compiled_train_steps"] == 1  # one shape, one compile, on the mesh too
-    assert summary["policy_versions_published"] == [0, 1, 2]
-    assert set(summary["trained_record_ids"]) <= set(published)
-    assert len(summary["trained_record_ids"]) == STEPS  # batch_records=1: one record per step
-    assert summary["last_metrics"]["losses/skipped_nonfinite"] == 0.0
+    summary = RunSummary.from_json(summary_path.read_text())
+    assert summary.mesh == {"data": 4, "model": 2}
+    assert summary.steps == STEPS
+    assert summary.compiled_train_steps == 1  # one shape, one compile, on the mesh too
+    assert summary.policy_versions_published == [0, 1, 2]
+    assert set(summary.trained_record_ids) <= set(published)
+    assert len(summary.trained_record_ids) == STEPS  # batch_records=1: one record per step
+    assert summary.last_metrics["losses/skipped_nonfinite"] == 0.0
     # The versions the mesh learner wrote load back as plain params, and training moved them.
     target = abstract_tree(nnx.to_pure_dict(split_params(init_model(ModelConfig(), 0))[1]))
     store = PolicyStore(store)

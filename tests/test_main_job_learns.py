@@ -11,7 +11,7 @@ from localstack.launch.demo import parse_args, run_local
 @pytest.mark.timeout(1500)
 def test_demo_defaults_take_held_out_success_from_at_most_half_to_ninety_percent(tmp_path):
     s = run_local(parse_args([f"--workdir={tmp_path / 'demo'}"]))
-    held = s["held_out"]["sampled"]
+    held = s.held_out["sampled"]
     assert held["first"]["version"] == 0 and held["first"]["success"] <= 0.5, held
     assert held["last"]["success"] >= 0.9, held
-    assert s["demo_wall_s"] <= 600, s["demo_wall_s"]
+    assert s.demo_wall_s <= 600, s.demo_wall_s

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from core import config
 from core.telemetry.scalars import JSONL, read_rows
-from localstack.launch.demo import parse_args, run_local
+from localstack.launch.demo import run_local
+from localstack.launch.demo_config import DemoConfig
 
 
 class _Outage(threading.Thread):
@@ -37,45 +39,47 @@ class _Outage(threading.Thread):
             self.error = e
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_the_main_job_survives_a_pubsub_outage(tmp_path):
     workdir = tmp_path / "demo"
     outage = _Outage(workdir, at_step=3)
     outage.start()
     s = run_local(
-        parse_args(
-            [
-                f"--workdir={workdir}",
-                "--max_steps=10",
-                "--publish_every=2",
-                "--tool_latency=fixed:0.02",
-                "--policy_poll_s=0.2",
-                "--timeout_s=450",
-                "--warmstart_steps=0",
-                "--eval_n=0",
-                "--batch_records=2",
-                "--group_size=4",
-                "--keep_zero_signal",
-                "--plan=off",
-                "--no-trace",
-                "--live=off",
-                "--learner_flags=--request_timeout_s=30 --ack_deadline_s=20 --ack_extend_every_s=5",
-            ]
+        config.build(
+            DemoConfig,
+            workdir=str(workdir),
+            max_steps=10,
+            publish_every=2,
+            tool_latency="fixed:0.02",
+            policy_poll_s=0.2,
+            timeout_s=450,
+            warmstart_steps=0,
+            eval_n=0,
+            batch_records=2,
+            group_size=4,
+            keep_zero_signal=True,
+            plan="off",
+            trace=False,
+            live="off",
+            **{"learner.request_timeout_s": 30},
+            **{"learner.ack_deadline_s": 20},
+            **{"learner.ack_extend_every_s": 5},
         )
     )
     outage.join(timeout=10)
     assert outage.error is None and outage.killed_at_step is not None, outage.error
     assert outage.killed_at_step <= 7  # at least three steps trained after the outage
 
-    assert s["steps"] == 10 and s["restarts"]["emulator"] == 1, s["restarts"]
+    assert s.learner.steps == 10 and s.restarts["emulator"] == 1, s.restarts
     # Whether the learner's calls failed (counted, backed off) or only waited depends on where
     # the outage caught them; either way it carried on. Its counts are in the summary.
     assert {"pubsub_errors", "request_publish_errors"} <= set(s)
-    acc = s["accounting"]
-    assert acc["balanced"], acc
-    assert s["reconciliation"]["reconciled"], s["reconciliation"]
+    acc = s.learner.accounting
+    assert acc.balanced, acc
+    assert s.reconciliation.reconciled, s.reconciliation
     # What the outage swallowed (requests, records in the topics) is in flight at the end, or
     # was written off after --request_timeout_s and asked again: either way, counted.
-    assert acc["written_off"] >= s["requests_redone"], (acc, s["requests_redone"])
+    assert acc.written_off >= s.learner.requests_redone, (acc, s.learner.requests_redone)
     emulator_logs = list((workdir / "emulator").glob("emulator-*.log"))
     assert emulator_logs, "the restarted emulator's log"

@@ -7,6 +7,7 @@ contract against the trajectories that went in, plus the streaming step
 
 import collections
 import random
+import re
 
 import numpy as np
 import pytest
@@ -244,7 +245,7 @@ def test_record_id_ignores_order_within_one_record(case, rnd):
     rnd.shuffle(shuffled)
     (a,), (b,) = pack(trajs, shape), pack(shuffled, shape)
     assert a.record_id == b.record_id
-    assert len(a.record_id) == 24 and int(a.record_id, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{24}", a.record_id), a.record_id
 
 
 def test_build_record_id_depends_only_on_which_trajectories():
@@ -268,6 +269,7 @@ def test_record_ids_ignore_input_order_across_records(case, rnd):
     ids_a = sorted(r.record_id for r in pack(trajs, shape))
     ids_b = sorted(r.record_id for r in pack(shuffled, shape))
     assert ids_a == ids_b
+    assert len(set(ids_a)) == len(ids_a)  # records of different trajectories never share an id
 
 
 def test_record_ids_with_equal_lengths_in_another_order():

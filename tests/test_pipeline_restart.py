@@ -3,10 +3,8 @@ the learner finishes its run. Episodes running in the killed job are gone; their
 come back from Pub/Sub if the runner had not acked them yet, and otherwise the learner
 writes them off after --request_timeout_s and asks again. Every trajectory is accounted for."""
 
-import json
 import os
 import signal
-import sys
 import time
 
 import pytest
@@ -14,29 +12,22 @@ import pytest
 import environments
 from core.contracts import pubsub_io
 from core.contracts.rollout_request import RolloutRequest
+from core.contracts.run_summary import RunSummary
 from core.telemetry.scalars import read_rows
 from localstack.launch.processes import ProcessGroup
+from tests import _commands as commands
 from trainer.learning.feeder import Feeder, TrajectoryCredits
 
 
 def _pipeline_cmd(emu, subs, topics, store):
-    return [
-        sys.executable,
-        "-m",
-        "pipelines.rollout",
-        "--runner=BundleBasedDirectRunner",
-        "--streaming",
-        f"--project={emu.project}",
-        f"--requests_subscription={subs['requests']}",
-        f"--records_topic={topics['records']}",
-        f"--policy_root={store}",
-        "--rows=2",
-        "--seq_len=256",
-        "--engine_slots=16",
-        "--max_wait_s=0.5",
-        "--commit_interval_s=0.1",
-        "--policy_poll_s=0.2",
-    ]
+    return commands.rollout(
+        emu.project,
+        requests_subscription=subs["requests"],
+        records_topic=topics["records"],
+        policy_root=str(store),
+        **commands.SMALL_LAYOUT,
+        **commands.FAST_ROLLOUT,
+    )
 
 
 @pytest.mark.timeout(600)
@@ -46,28 +37,24 @@ def test_a_killed_pipeline_is_replaced_and_its_lost_requests_are_redone(pubsub_e
     topics = {k: emu.create_topic(v) for k, v in names.items()}
     subs = {k: emu.create_subscription(v + "-sub", v, ack_deadline_s=10) for k, v in names.items()}
     store, logdir, summary = tmp_path / "store", tmp_path / "logs", tmp_path / "summary.json"
-    learner_cmd = [
-        sys.executable,
-        "-m",
-        "trainer.task",
-        f"--requests_topic={topics['requests']}",
-        f"--records_subscription={subs['records']}",
-        f"--policy_root={store}",
-        f"--checkpoint_dir={tmp_path / 'ckpt'}",
-        "--max_steps=8",
-        "--publish_every=2",
-        "--batch_records=1",
-        "--rows=2",
-        "--seq_len=256",
-        "--group_size=4",
-        "--max_staleness=50",
-        "--timeout_s=400",
-        "--request_timeout_s=20",
+    learner_cmd = commands.learner(
+        requests_topic=topics["requests"],
+        records_subscription=subs["records"],
+        policy_root=str(store),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        max_steps=8,
+        publish_every=2,
+        batch_records=1,
+        group_size=4,
+        max_staleness=50,
+        timeout_s=400,
+        request_timeout_s=20,
         # Slow tools: episodes are still running when the pipeline is killed.
-        '--env_config={"max_turns": 2, "tool_latency": "fixed:1.0"}',
-        f"--logdir={logdir}",
-        f"--summary_path={summary}",
-    ]
+        env_config={"max_turns": 2, "tool_latency": "fixed:1.0"},
+        logdir=str(logdir),
+        summary_path=str(summary),
+        **commands.SMALL_LAYOUT,
+    )
     pipeline_cmd = _pipeline_cmd(emu, subs, topics, store)
     learner = ProcessGroup(learner_cmd, tmp_path / "learner.log").start()
     try:
@@ -89,15 +76,15 @@ def test_a_killed_pipeline_is_replaced_and_its_lost_requests_are_redone(pubsub_e
     finally:
         learner.stop()
 
-    s = json.loads(summary.read_text())
-    assert s["steps"] == 8 and killed_at_step < 8
-    acc = s["accounting"]
-    assert acc["balanced"], acc
+    s = RunSummary.from_json(summary.read_text())
+    assert s.steps == 8 and killed_at_step < 8
+    acc = s.accounting
+    assert acc.balanced, acc
     # Requests the killed job had taken either came back from Pub/Sub to the new job (not
     # acked yet) or were written off after --request_timeout_s and asked again; which, depends
     # on where the kill caught them (test_a_request_that_never_comes_back_is_asked_again).
-    assert acc["written_off"] >= s["requests_redone"] and acc["late"] <= acc["written_off"], acc
-    assert ("written off, asked again" in (tmp_path / "learner.log").read_text()) == (s["requests_redone"] > 0)
+    assert acc.written_off >= s.requests_redone and acc.late <= acc.written_off, acc
+    assert ("written off, asked again" in (tmp_path / "learner.log").read_text()) == (s.requests_redone > 0)
 
 
 @pytest.mark.timeout(120)

@@ -1,7 +1,6 @@
 """The capacity planner on this machine (real environment, engine, packer and learner, a
 short run), starting RL from a published policy, and pinning children to cores."""
 
-import argparse
 import os
 import sys
 
@@ -9,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from core import config
 from core.contracts.store import PolicyStore
 from core.policy.config import ModelConfig
 from localstack.launch import plan
@@ -16,13 +16,14 @@ from localstack.launch.processes import ProcessGroup
 from tests._learner_data import random_record
 from trainer.learning import builder
 from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.warmstart import WarmStartConfig
 
 
 def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):
-    args = plan.parse_args(
-        ["--tool_latency=fixed:0.05", "--episodes=8", "--learner_steps=1", "--batch_records=2", "--engine_slots=8"]
+    cfg = config.build(
+        plan.PlanConfig, tool_latency="fixed:0.05", episodes=8, learner_steps=1, batch_records=2, engine_slots=8
     )
-    r = plan.run(args)
+    r = plan.run(cfg)
     env, m = r["measured"]["environment"], r["measurements"]
     assert env["tool_calls_per_episode"] >= 1  # the calculator oracle calls its tool
     assert m["episode_s"] >= 0.05 * env["tool_calls_per_episode"]  # at least the tool waits
@@ -31,10 +32,12 @@ def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):
     assert r["rollout_rate_source"].startswith("engine only")
     # The flags parse in the jobs that take them.
     from pipelines.options import EngineOptions
-    from trainer.task import parse_args as learner_args
+    from trainer.task import parse_config as learner_config
 
-    ns = learner_args(["--requests_topic=t", "--records_subscription=s", "--policy_root=/x", *r["learner_flags"]])
-    assert ns.max_in_flight == r["plan"]["max_in_flight"] and ns.max_staleness == r["plan"]["max_staleness"]
+    base = ["--requests_topic=t", "--records_subscription=s", "--policy_root=/x"]
+    learner = learner_config([*base, *r["learner_flags"]])
+    assert learner.credits.max_in_flight == r["plan"]["max_in_flight"]
+    assert learner.staleness.max_staleness == r["plan"]["max_staleness"]
     opts = EngineOptions(r["pipeline_flags"])
     assert opts.max_concurrent_groups == r["plan"]["max_concurrent_groups"]
     assert any("bound by" in line for line in plan.describe(r))
@@ -44,8 +47,8 @@ def test_rl_starts_from_a_published_policy_instead_of_a_warm_start(tmp_path):
     src = Learner(ModelConfig(), LearnerConfig(batch_records=1, seed=7))
     PolicyStore(tmp_path / "store").publish(0, jax.tree.map(np.asarray, src.params_dict()))
     dst = Learner(ModelConfig(), LearnerConfig(batch_records=1, seed=0))
-    args = argparse.Namespace(init_policy=str(tmp_path / "store"), warmstart_steps=5)
-    start = builder.restore_or_initialise(dst, None, args, tasks=[])
+    warm = WarmStartConfig(steps=5)  # not run: --init_policy comes first
+    start = builder.restore_or_initialise(dst, None, warm, "calculator", 0, init_policy=str(tmp_path / "store"))
     assert start.warmstart_s < 5  # no warm start ran
     got, want = jax.tree.leaves(dst.params_dict()), jax.tree.leaves(src.params_dict())
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want))
@@ -53,7 +56,7 @@ def test_rl_starts_from_a_published_policy_instead_of_a_warm_start(tmp_path):
         dst.train_step([random_record(seed, rows=2, seq_len=64)])
     assert dst.compiled_variants() == 1
     with pytest.raises(ValueError, match="no complete policy"):
-        builder.restore_or_initialise(dst, None, argparse.Namespace(init_policy=str(tmp_path / "empty")), [])
+        builder.restore_or_initialise(dst, None, warm, "calculator", 0, init_policy=str(tmp_path / "empty"))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")

@@ -1,95 +1,27 @@
 """Environments from separate packages, found through the `agentic_rl.environments` entry
 point group: installed for real with pip (offline) and loaded in a fresh interpreter."""
 
-import base64
-import hashlib
 import json
 import os
 import pathlib
 import subprocess
 import sys
 import textwrap
-import zipfile
 
 import pytest
 
-from environments.registry import ENTRY_POINT_GROUP
+from tests._plugin_env import good_wheel, write_wheel
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-PLUGIN_SOURCE = textwrap.dedent('''
-    """A third-party environment: say the number from the prompt."""
-    import environments
-    from environments import (Environment, EpisodeStatus, FinalAnswer, StepResult, Task,
-                              format_error, parse_action)
-
-    class SayNumberEnv(Environment):
-        name = "my_plugin"
-
-        def __init__(self, max_turns=2):
-            self.max_turns = max_turns
-
-        async def reset(self, task):
-            self._task, self._turns = task, 0
-            return task.prompt
-
-        async def step(self, action_text):
-            self._turns += 1
-            action = parse_action(action_text)
-            if isinstance(action, FinalAnswer):
-                reward = float(action.text.strip() == self._task.target)
-                return StepResult("", reward, True, {"status": EpisodeStatus.FINISHED})
-            done = self._turns >= self.max_turns
-            info = {"status": EpisodeStatus.TRUNCATED} if done else {}
-            return StepResult(format_error("answer with <answer>N</answer>"), 0.0, done, info)
-
-    def make_env(**cfg):
-        return SayNumberEnv(**cfg)
-
-    def tasks(seed, n, split):
-        return [Task(f"say-{split}-{seed}-{i}", f"Say {i}. ", str(i)) for i in range(n)]
-
-    # The entry point carries only the factory; a plugin that also wants tasks registers
-    # them on import (the same factory object, so load_entry_points does not clash).
-    environments.register("my_plugin", make_env, tasks=tasks)
-''')
-
-
-def _write_wheel(out_dir: pathlib.Path, dist: str, files: dict[str, str], entry_points: dict[str, str]) -> pathlib.Path:
-    """A minimal, valid pure-Python wheel, as a build backend would write it.
-
-    Hand-made because the venv's setuptools (65) needs the `wheel` package to build one,
-    and nothing may be fetched; `pip install` of the result is still the real install path.
-    """
-    info = f"{dist}-0.1.0.dist-info"
-    eps = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
-    files = {
-        **files,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        f"{info}/entry_points.txt": f"[{ENTRY_POINT_GROUP}]\n{eps}",
-    }
-    record = []
-    for path, text in files.items():
-        data = text.encode()
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    files[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
-    wheel = out_dir / f"{dist}-0.1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        for path, text in files.items():
-            z.writestr(path, text)
-    return wheel
+pytestmark = pytest.mark.e2e  # each test starts a fresh interpreter importing environments
 
 
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory) -> pathlib.Path:
     """Two plugin distributions pip-installed into a private site dir, no network."""
     tmp = tmp_path_factory.mktemp("plugins")
-    good = _write_wheel(
-        tmp, "my_plugin_env", {"my_plugin_env/__init__.py": PLUGIN_SOURCE}, {"my_plugin": "my_plugin_env:make_env"}
-    )
-    broken = _write_wheel(
+    good = good_wheel(tmp)
+    broken = write_wheel(
         tmp,
         "broken_plugin_env",
         {"broken_plugin_env/__init__.py": "raise ImportError('plugin is broken on purpose')\n"},
@@ -157,7 +89,7 @@ def test_plugin_environment_loads_through_its_entry_point(plugin_site):
     assert "my_plugin" in out["loaded"] and "my_plugin" in out["names"]
     assert "calculator" in out["names"]  # built-ins are still there
     assert out["type"] == "SayNumberEnv" and out["is_env"]
-    assert out["prompt"] == "Say 3. "
+    assert out["prompt"] == "Say 7. "  # the test split's fourth task: odd numbers
     assert out["first"] == ["<error>answer with &lt;answer&gt;N&lt;/answer&gt;</error>", 0.0, False]
     assert out["last"] == ["", 1.0, True, "finished"]
 

@@ -131,6 +131,7 @@ def test_pull_on_empty_subscription_returns_empty_quickly(clients, topic_and_sub
     pubsub_io.ack(subscriber, topic_and_sub[1], [])  # empty ack is a no-op, not an error
 
 
+@pytest.mark.e2e
 def test_body_raising_leaves_no_process(tmp_path):
     with pytest.raises(RuntimeError, match="boom"):
         with PubSubEmulator(log_dir=tmp_path) as emu:
@@ -152,6 +153,7 @@ def test_body_raising_leaves_no_process(tmp_path):
             sub.close()
 
 
+@pytest.mark.e2e
 def test_taken_port_fails_fast_and_leaves_no_process(tmp_path):
     # On a bind failure java logs a BindException but keeps running; the harness must
     # notice it in the log rather than wait for the startup timeout (or, worse, take
@@ -170,6 +172,7 @@ def test_taken_port_fails_fast_and_leaves_no_process(tmp_path):
     assert _gone_or_zombie(ours) == []
 
 
+@pytest.mark.e2e
 def test_env_is_restored_after_stop(tmp_path, monkeypatch):
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "sentinel:1")
     monkeypatch.delenv("PUBSUB_PROJECT_ID", raising=False)

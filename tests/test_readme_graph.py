@@ -1,4 +1,5 @@
-"""The README's rollout-graph diagram names the graph's real step labels, all of them."""
+"""The rollout-graph diagram in docs/ARCHITECTURE.md (moved there from the README) names the
+graph's real step labels, all of them."""
 
 import pathlib
 import re
@@ -8,7 +9,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import rollout
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
 OWN_COMPOSITES = ("RunEpisodes", "Pack")  # their inner steps are ours; other composites are Beam's
 
 
@@ -40,7 +41,7 @@ def graph_labels() -> set[str]:
 
 
 def diagram_names() -> set[str]:
-    text = README.read_text()
+    text = DOC.read_text()
     start = text.index("The rollout graph (`pipelines/rollout.py`")
     block = text[text.index("```\n", start) + 4 :]
     block = block[: block.index("```")]
@@ -50,5 +51,5 @@ def diagram_names() -> set[str]:
 
 def test_readme_graph_names_exactly_the_graphs_steps():
     labels, names = graph_labels(), diagram_names()
-    assert names - labels == set(), "README names steps the graph does not have"
-    assert labels - names == set(), "the graph has steps the README does not show"
+    assert names - labels == set(), "docs/ARCHITECTURE.md names steps the graph does not have"
+    assert labels - names == set(), "the graph has steps docs/ARCHITECTURE.md does not show"

@@ -35,8 +35,8 @@ ROLLOUT = {
 def test_what_is_in_flight_at_the_end_is_a_remainder_not_a_mismatch():
     acc = _accounting()
     r = reconcile(acc, ROLLOUT, group_size=8)
-    assert r["reconciled"] and r["episodes_by_status"] == {"finished": 80, "timeout": 8}
-    assert r["remainders"] == {
+    assert r.reconciled and r.episodes_by_status == {"finished": 80, "timeout": 8}
+    assert r.remainders == {
         "not_yet_run": 96 - 88,
         "in_runner_or_packer": 88 - 74 - 8,
         "packed_not_received": 74 - 70,
@@ -48,15 +48,15 @@ def test_what_is_in_flight_at_the_end_is_a_remainder_not_a_mismatch():
 def test_the_learner_receiving_more_than_was_packed_is_a_mismatch():
     acc = _accounting(received=80, buffered=16)
     r = reconcile(acc, ROLLOUT, group_size=8)
-    assert not r["reconciled"] and r["mismatch"] == {"packed_not_received": -6}
+    assert not r.reconciled and r.mismatch == {"packed_not_received": -6}
     assert format_reconciliation(r, acc)[-1] == "MISMATCH (rollout vs learner): packed_not_received -6"
     # ... unless those were trajectories from before a restart
-    assert reconcile(_accounting(received=80, buffered=16, foreign=6), ROLLOUT, 8)["reconciled"]
+    assert reconcile(_accounting(received=80, buffered=16, foreign=6), ROLLOUT, 8).reconciled
 
 
 def test_a_notice_the_workers_never_sent_is_a_mismatch():
     acc = _accounting(dropped_by_pipeline={"zero_signal": 8, "dropped_empty": 1}, in_flight=17)
-    assert reconcile(acc, ROLLOUT, 8)["mismatch"] == {"dropped_empty_notices_not_received": -1}
+    assert reconcile(acc, ROLLOUT, 8).mismatch == {"dropped_empty_notices_not_received": -1}
 
 
 def test_rollout_totals_sum_the_newest_row_of_every_worker(tmp_path):

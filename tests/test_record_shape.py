@@ -1,21 +1,18 @@
 """One record layout, parsed by one function, read the same way by both sides."""
 
-import argparse
-
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core import config
 from core.contracts.record_shape import (
     DEFAULT_BUCKETS,
     DEFAULT_MAX_SEGMENTS_PER_ROW,
     DEFAULT_ROWS,
+    LayoutConfig,
     RecordLayout,
     RecordShape,
-    add_layout_arguments,
-    layout_from_flags,
-    parse_buckets,
 )
 from pipelines.options import RolloutOptions, packing_config
 from trainer import task
@@ -24,9 +21,12 @@ LEARNER_FLAGS = ["--requests_topic=t", "--records_subscription=s", "--policy_roo
 
 
 def parse(flags: list[str]) -> RecordLayout:
-    parser = argparse.ArgumentParser()
-    add_layout_arguments(parser)
-    return layout_from_flags(parser.parse_args(flags))
+    """The layout the flags give, through the same config section both sides hold."""
+    return config.from_namespace(LayoutConfig, config.make_parser(LayoutConfig).parse_args(flags)).layout
+
+
+def to_flags(layout: RecordLayout) -> list[str]:
+    return config.to_argv(LayoutConfig.of(layout))
 
 
 def test_defaults_are_the_contracts():
@@ -40,9 +40,10 @@ def test_unsorted_repeated_or_non_positive_buckets_are_refused_not_fixed(text):
         parse([f"--buckets={text}"])
 
 
-def test_non_integer_buckets_are_refused():
-    with pytest.raises(ValueError, match="comma-separated integers"):
-        parse_buckets("128,big", 256)
+def test_non_integer_buckets_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--buckets=128,big"])
+    assert "--buckets: '128,big' is not a comma-separated list of int" in capsys.readouterr().err
 
 
 @given(
@@ -52,28 +53,29 @@ def test_non_integer_buckets_are_refused():
 )
 def test_to_flags_round_trips(buckets, rows, segments):
     layout = RecordLayout(tuple(buckets), rows, segments)
-    assert parse(layout.to_flags()) == layout
+    assert parse(to_flags(layout)) == layout
     assert [s.seq_len for s in layout.shapes] == buckets and layout.max_seq_len == buckets[-1]
     assert all(s.max_trajectories == rows * segments for s in layout.shapes)
 
 
 def test_learner_and_pipeline_read_the_same_flags_the_same_way():
-    flags = RecordLayout((128, 512), 8, 4).to_flags()
-    learner = layout_from_flags(task.parse_args(LEARNER_FLAGS + flags))
+    flags = to_flags(RecordLayout((128, 512), 8, 4))
+    learner = task.parse_config(LEARNER_FLAGS + flags).record_layout
     pipeline = packing_config(PipelineOptions(flags).view_as(RolloutOptions)).layout
     assert learner == pipeline == RecordLayout((128, 512), 8, 4)
 
 
-def test_the_learner_refuses_unsorted_buckets_at_start():
-    with pytest.raises(ValueError, match="strictly increasing"):
-        layout_from_flags(task.parse_args([*LEARNER_FLAGS, "--buckets=512,128"]))
+def test_the_learner_refuses_unsorted_buckets_at_start(capsys):
+    with pytest.raises(SystemExit):
+        task.parse_config([*LEARNER_FLAGS, "--buckets=512,128"])
+    assert "strictly increasing" in capsys.readouterr().err
 
 
 def test_trajectories_may_be_shorter_than_rows_never_longer():
     assert RecordLayout().trajectory_len == 256  # the tiny policy's context
     assert RecordLayout((128,)).trajectory_len == 128  # rows shorter than that cap it
     long_rows = RecordLayout((1024,), 2, 16, max_trajectory_len=256)
-    assert long_rows.trajectory_len == 256 and parse(long_rows.to_flags()) == long_rows
+    assert long_rows.trajectory_len == 256 and parse(to_flags(long_rows)) == long_rows
     with pytest.raises(ValueError, match="exceeds the largest bucket"):
         RecordLayout((128,), max_trajectory_len=256)
     with pytest.raises(ValueError, match="max_trajectory_len"):
@@ -85,8 +87,5 @@ def test_both_sides_cap_episodes_at_the_trajectory_length():
 
     flags = ["--policy_root=/x", "--buckets=1024", "--rows=2", "--max_segments_per_row=16", "--max_trajectory_len=200"]
     assert engine_config(PipelineOptions(flags)).max_tokens == 200
-    ns = task.parse_args([*LEARNER_FLAGS, *flags[1:]])
-    from trainer.learning.builder import make_warmstart_config
-
-    ns.warmstart_steps = 1
-    assert make_warmstart_config(ns).max_seq_len == 200
+    learner = task.parse_config([*LEARNER_FLAGS, *flags[1:], "--warmstart_steps=1"])
+    assert learner.warmstart.max_seq_len == 200

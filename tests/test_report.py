@@ -9,7 +9,9 @@ import re
 import matplotlib.image as mpimg
 import numpy as np
 
+from core.contracts.run_summary import RunSummary
 from localstack.reports import report, timeline
+from localstack.reports.summary import DemoSummary
 from trainer.learning.accounting import trajectory_accounting
 
 T0 = 1_800_000_000.0  # unix seconds the fabricated run starts at
@@ -66,25 +68,25 @@ def _eval_rows() -> list[dict]:
     return rows
 
 
-def _summary() -> dict:
-    return {
-        "steps": 10,
-        "policy_versions_published": [0, 1, 2],
-        "trajectories": 320,
-        "mean_reward": 0.5,
-        "wall_s": 40.0,
-        "learner_duty_cycle": 0.3,
-        "steady_duty_cycle": 0.35,
-        "trained_tokens_per_s": 1234.5,
-        "steady_trained_tokens_per_s": 1500.0,
-        "records_consumed": 40,
-        "records_rejected": 1,
-        "records_duplicate": 2,
-        "records_dropped_stale": 3,
-        "staleness_histogram": {"0": 30, "1": 8, "3": 2},
-        "episode_status": {"finished": 300, "truncated": 20},
-        "schedule": "async",
-    }
+def _summary() -> RunSummary:
+    return RunSummary(
+        steps=10,
+        policy_versions_published=[0, 1, 2],
+        trajectories=320,
+        mean_reward=0.5,
+        wall_s=40.0,
+        learner_duty_cycle=0.3,
+        steady_duty_cycle=0.35,
+        trained_tokens_per_s=1234.5,
+        steady_trained_tokens_per_s=1500.0,
+        records_consumed=40,
+        records_rejected=1,
+        records_duplicate=2,
+        records_dropped_stale=3,
+        staleness_histogram={"0": 30, "1": 8, "3": 2},
+        episode_status={"finished": 300, "truncated": 20},
+        schedule="async",
+    )
 
 
 CUT = '{"version": 9, "step": 9, "mode": "sam'  # a writer killed mid-line
@@ -94,11 +96,11 @@ def make_run(wd, logs: bool = True, trace: bool = True) -> None:
     """A finished run's directory: 10 learner rows, 5 rollout rows, 4 eval rows, a trace;
     every JSONL file ends in a line cut short, as a killed run leaves it."""
     _write_jsonl(wd / "eval.jsonl", _eval_rows(), tail=CUT)
-    if not logs:  # an older run: the learner's summary.json and eval.jsonl only
-        (wd / "summary.json").write_text(json.dumps(_summary()))
+    if not logs:  # a learner run without the demo: the learner's summary.json and eval.jsonl only
+        (wd / "summary.json").write_text(_summary().to_json())
         return
-    summary = {**_summary(), "demo_wall_s": 60.0, "held_out": {"greedy": {"target": 0.9}}, "workdir": str(wd)}
-    summary["accounting"] = trajectory_accounting(
+    learner = _summary()
+    learner.accounting = trajectory_accounting(
         requested=400,
         received=330,
         trained=320,
@@ -108,7 +110,8 @@ def make_run(wd, logs: bool = True, trace: bool = True) -> None:
         written_off=0,
         in_flight=25,  # 5 requested trajectories are nowhere: the report must say so
     )
-    (wd / "run_summary.json").write_text(json.dumps(summary))
+    summary = DemoSummary(learner, held_out={"greedy": {"target": 0.9}}, demo_wall_s=60.0, workdir=str(wd))
+    (wd / "run_summary.json").write_text(summary.to_json())
     learner = [
         {"step": s, "wall_time": T0 + 7 + 2 * s, "perf/wall_s": 2.0 * s, "perf/duty_cycle": 0.03 * s}
         | {"perf/duty_cycle_recent": 0.05 * s, "perf/trained_tokens_per_s_recent": 100.0 * s}
@@ -181,7 +184,7 @@ def test_summary_and_eval_only_notes_what_is_missing(tmp_path):
     assert "_Skipped: no data/fill learner rows" in text
     assert "_Skipped: no trace.json" in text and "[trace.json](trace.json)" not in text
     assert "`logs/`: missing" in text and "`trace.json`: missing" in text
-    assert "| learner steps | 10 |" in text  # from the older summary.json
+    assert "| learner steps | 10 |" in text  # from the learner's summary.json
     assert not (tmp_path / "report" / "timeline.png").exists()
 
 
@@ -190,6 +193,14 @@ def test_empty_workdir_still_gets_a_report(tmp_path):
     assert _png_refs(text) == []
     assert text.count("_Skipped:") == 7  # six plots and the accounting
     assert "No run_summary.json or summary.json" in text and "| learner steps | n/a |" in text
+
+
+def test_a_summary_of_another_schema_version_is_noted_not_guessed_at(tmp_path):
+    data = {**_summary().to_dict(), "schema_version": 99}
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    text = report.write_report(tmp_path).read_text()
+    assert "summary.json could not be read: the run summary has schema_version 99" in text
+    assert "| learner steps | n/a |" in text
 
 
 def test_truncated_last_jsonl_line_is_skipped(tmp_path):

@@ -3,45 +3,41 @@ policy version, feeder position and dedup set, never trains a record twice, and 
 none: records the killed learner had received but no checkpoint covered come back from
 Pub/Sub (they were never acked) and are trained by its successor."""
 
-import json
 import os
 import signal
-import sys
 import time
 
 import pytest
 
+from core.contracts.run_summary import RunSummary
 from core.contracts.store import PolicyStore
 from core.telemetry.scalars import read_rows
 from localstack.launch.processes import ProcessGroup
+from tests import _commands as commands
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.consumer import RecordConsumer
 
 
 def _learner_cmd(emu, topics, subs, store, ckpt, max_steps, logdir, summary=None):
-    return [
-        sys.executable,
-        "-m",
-        "trainer.task",
-        f"--requests_topic={topics['requests']}",
-        f"--records_subscription={subs['records']}",
-        f"--policy_root={store}",
-        f"--checkpoint_dir={ckpt}",
-        f"--max_steps={max_steps}",
-        "--publish_every=2",
-        "--batch_records=1",
-        "--rows=2",
-        "--seq_len=256",
-        "--group_size=4",
-        "--max_staleness=50",
-        "--timeout_s=300",
-        '--env_config={"max_turns": 2}',
+    return commands.learner(
+        requests_topic=topics.requests,
+        records_subscription=subs.records,
+        policy_root=str(store),
+        checkpoint_dir=str(ckpt),
+        max_steps=max_steps,
+        publish_every=2,
+        batch_records=1,
+        group_size=4,
+        max_staleness=50,
+        timeout_s=300,
+        env_config={"max_turns": 2},
         # Short deadlines, so what the killed learner held comes back within the test.
-        "--ack_deadline_s=10",
-        "--ack_extend_every_s=3",
-        f"--logdir={logdir}",
-        *([f"--summary_path={summary}"] if summary else []),
-    ]
+        ack_deadline_s=10,
+        ack_extend_every_s=3,
+        logdir=str(logdir),
+        summary_path=summary and str(summary),
+        **commands.SMALL_LAYOUT,
+    )
 
 
 def _last_step(logdir) -> int:
@@ -70,25 +66,16 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
     names = {k: unique_name(k) for k in ("requests", "records")}
     topics = {k: emu.create_topic(v) for k, v in names.items()}
     subs = {k: emu.create_subscription(v + "-sub", v, ack_deadline_s=10) for k, v in names.items()}
-    tap = emu.create_subscription(names["records"] + "-tap", names["records"])  # every record published
+    tap = emu.create_subscription(names.records + "-tap", names.records)  # every record published
     store, ckpt, summary = tmp_path / "store", tmp_path / "ckpt", tmp_path / "summary.json"
-    pipeline_cmd = [
-        sys.executable,
-        "-m",
-        "pipelines.rollout",
-        "--runner=BundleBasedDirectRunner",
-        "--streaming",
-        f"--project={emu.project}",
-        f"--requests_subscription={subs['requests']}",
-        f"--records_topic={topics['records']}",
-        f"--policy_root={store}",
-        "--rows=2",
-        "--seq_len=256",
-        "--engine_slots=16",
-        "--max_wait_s=0.5",
-        "--commit_interval_s=0.1",
-        "--policy_poll_s=0.2",
-    ]
+    pipeline_cmd = commands.rollout(
+        emu.project,
+        requests_subscription=subs.requests,
+        records_topic=topics.records,
+        policy_root=str(store),
+        **commands.SMALL_LAYOUT,
+        **commands.FAST_ROLLOUT,
+    )
     with ProcessGroup(pipeline_cmd, tmp_path / "pipeline.log") as pipeline:
         cmd = _learner_cmd(emu, topics, subs, store, ckpt, 1000, tmp_path / "logs1")
         first = ProcessGroup(cmd, tmp_path / "learner1.log").start()
@@ -120,23 +107,23 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
             time.sleep(0.5)
         assert second.poll() == 0, second.log_tail()
     # The pipeline is stopped: what is left on the learner's subscription is what nobody trained.
-    left_over = _drain(subs["records"])
+    left_over = _drain(subs.records)
     published = _drain(tap)
 
-    s = json.loads(summary.read_text())
-    assert s["resumed_from_step"] == step and s["steps"] == step + 4
-    versions = s["policy_versions_published"]
+    s = RunSummary.from_json(summary.read_text())
+    assert s.resumed_from_step == step and s.steps == step + 4
+    versions = s.policy_versions_published
     if latest_before == meta["learner_version"]:
         assert versions[0] == meta["learner_version"]  # continues at the same version
     else:  # killed between a publish and its checkpoint: restored params get a new number
         assert versions[0] == latest_before + 1
     assert versions == sorted(versions) and len(versions) >= 3
     already = set(meta["consumed_ids"])
-    assert already and s["trained_record_ids"]
-    assert already.isdisjoint(s["trained_record_ids"])  # nothing trained twice
+    assert already and s.trained_record_ids
+    assert already.isdisjoint(s.trained_record_ids)  # nothing trained twice
     # The kill left records the first learner had received but no checkpoint covered ...
     assert received_by_first > len(already)
     # ... and none is lost: each published record is in the checkpoint, trained by the second
     # learner, or still waiting on the subscription for the next one.
-    lost = published - already - set(s["trained_record_ids"]) - left_over
+    lost = published - already - set(s.trained_record_ids) - left_over
     assert not lost, f"{len(lost)} of {len(published)} records lost"

@@ -213,6 +213,7 @@ def test_emulator_reports_generations_like_gcs(gcs):
     assert updated != written and kv.read("manifest").result().value == b"v2"
 
 
+@pytest.mark.e2e
 def test_emulator_harness_stops_its_whole_process_group():
     from localstack.launch.processes import group_alive
 

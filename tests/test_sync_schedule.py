@@ -88,7 +88,7 @@ def test_sync_schedule_waits_for_the_whole_round_then_trains_it_all():
             schedule.next_round()
     assert len(trained) == 2  # steps_per_round, the 3 records spread over them
     assert sorted(r.record_id for b in trained for r in b if r.trajectories) == sorted(r.record_id for r in recs)
-    assert schedule.summary()["sync_padding_records"] == 1 and schedule.summary()["sync_rounds"] == 1
+    assert schedule.summary().padding_records == 1 and schedule.summary().rounds == 1
     assert credits.acquire(4, stop)  # the next round is open
 
 
@@ -103,7 +103,7 @@ def test_sync_round_that_never_completes_times_out_and_counts_the_lost():
     assert schedule.next_batch(0) is None
     now[0] = 11.0
     assert schedule.next_batch(0) is not None
-    assert schedule.summary()["sync_lost_trajectories"] == 4 and schedule.summary()["sync_timed_out_rounds"] == 1
+    assert schedule.summary().lost_trajectories == 4 and schedule.summary().timed_out_rounds == 1
 
 
 def test_async_schedule_publishes_every_n_steps():
@@ -120,5 +120,5 @@ def test_a_round_filtered_out_entirely_is_asked_again_without_a_new_version():
     assert credits.acquire(8, stop)
     credits.release(8)  # every trajectory came back as a drop notice: no record
     assert schedule.next_batch(0) is None
-    assert schedule.summary()["sync_rounds"] == 0  # nothing was published
+    assert schedule.summary().rounds == 0  # nothing was published
     assert credits.acquire(8, stop)  # the same version's round is open again

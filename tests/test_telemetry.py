@@ -186,6 +186,7 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
     assert last["data/records_buffered"] == 1 and last["feeder/in_flight"] == 7
 
 
+@pytest.mark.e2e
 def test_a_gs_logdir_gets_both_files(tmp_path):
     """Vertex AI's AIP_TENSORBOARD_LOG_DIR is a gs:// path: event files and JSONL land there."""
     import uuid

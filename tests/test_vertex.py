@@ -30,7 +30,7 @@ LEARNER_ARGS = (
 )
 
 
-def config(**overrides) -> vertex.LearnerJobConfig:
+def config(**overrides) -> vertex.VertexJobConfig:
     kw = dict(
         project="my-proj",
         region="us-central1",
@@ -38,7 +38,7 @@ def config(**overrides) -> vertex.LearnerJobConfig:
         base_output_dir="gs://my-bucket/learner",
         learner_args=LEARNER_ARGS,
     )
-    return vertex.LearnerJobConfig(**{**kw, **overrides})
+    return vertex.VertexJobConfig(**{**kw, **overrides})
 
 
 def test_builds_a_tpu_v5e_2x2_job():
@@ -143,6 +143,7 @@ def run_cli(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.e2e
 def test_cli_dry_run_prints_the_job_as_json_without_network():
     start = time.monotonic()
     out = run_cli(
@@ -169,6 +170,7 @@ def test_cli_dry_run_prints_the_job_as_json_without_network():
     assert pool["containerSpec"]["env"] == [{"name": "A", "value": "1"}]
 
 
+@pytest.mark.e2e
 def test_cli_refuses_a_bad_config_and_bad_learner_args():
     base = ["--project", "my-proj", "--image", IMAGE, "--base_output_dir", "gs://b-1/x", "--dry-run"]
     bad_region = run_cli(*base, "--region", "us-central1-a", "--", *LEARNER_ARGS)

@@ -98,6 +98,7 @@ def _start_parent(tmp_path, mode: str):
     return proc, json.loads(out.read_text())
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_a_sigkilled_parent_takes_its_groups_and_the_emulators_jvm_with_it(tmp_path):
     parent, info = _start_parent(tmp_path, "hold")
@@ -117,6 +118,7 @@ def test_a_sigkilled_parent_takes_its_groups_and_the_emulators_jvm_with_it(tmp_p
         _kill_pid(info["stray"])
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_a_normal_exit_ends_the_watchdog_and_kills_nothing(tmp_path):
     parent, info = _start_parent(tmp_path, "exit")
@@ -140,6 +142,7 @@ def test_the_registry_forgets_stopped_groups():
         os.unlink(f.name)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_a_sigkilled_test_session_leaves_no_emulator(tmp_path):
     """The suite's own harness: a pytest session killed by a CI timeout."""

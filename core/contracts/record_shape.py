@@ -15,10 +15,10 @@ from core.config import knob
 
 DEFAULT_ROWS = 4
 DEFAULT_SEQ_LEN = 256
-# Bounds the trajectories per record, which the feeder's credit rule relies on. 4: the
-# calculator's 70-125-token transcripts fill a row of 256 to 92 % (2: 78 %); longer rows
-# fill better (1024: 97 %) but the learner's dense attention makes a step of the same
-# tokens 4x as long (docs/BENCHMARKS.md, "Utilization").
+# Bounds the trajectories per record, which the feeder's credit rule relies on. 4: short
+# calculator transcripts fill a row of 256 well with 4 and poorly with 2; longer rows fill
+# better, but the learner's dense attention makes a step of the same tokens several times
+# as long (docs/BENCHMARKS.md, "What binds").
 DEFAULT_MAX_SEGMENTS_PER_ROW = 4
 DEFAULT_BUCKETS: tuple[int, ...] = (DEFAULT_SEQ_LEN,)
 # The longest episode by default: the tiny policy's context (core.policy.config).

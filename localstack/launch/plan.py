@@ -14,8 +14,8 @@ written as JSON whose `learner_flags` and `pipeline_flags` the demo passes on.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -27,39 +27,48 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 
 import environments
-from core.contracts.record_shape import add_layout_arguments, layout_from_flags
+from core import config
+from core.config import knob, section
+from core.contracts.record_shape import LayoutConfig
 from core.policy import tokenizer
+from rollout.engine_config import EngineConfig
+from trainer.config import LearnerJobConfig
 from trainer.learning.capacity import Measurements, make_plan
 from trainer.learning.feeder import CreditConfig
+from trainer.learning.learner import LearnerConfig
 
-DEFAULT_PIPELINE_S = 1.0  # request publish + bundle + commit + record publish + poll, measured ~1 s here
+DEFAULT_PIPELINE_S = 1.0  # request publish + bundle + commit + record publish + poll (docs/BENCHMARKS.md)
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="calculator")
-    p.add_argument("--tool_latency", default="fixed:0.5")
-    p.add_argument("--episodes", type=int, default=64, help="oracle episodes measured")
-    p.add_argument("--batch_records", type=int, default=4)
-    p.add_argument("--group_size", type=int, default=8)
-    p.add_argument("--publish_every", type=int, default=2)
-    add_layout_arguments(p)
-    p.add_argument("--target_duty", type=float, default=0.95)
-    p.add_argument(
-        "--staleness_bound", type=float, default=2.0, help="mean policy versions a trajectory may lag (caps credits)"
-    )
-    p.add_argument("--max_wait_s", type=float, default=1.0, help="the packer's max wait (adds to the latency)")
-    p.add_argument("--pipeline_s", type=float, default=None, help="transport latency (default: measured constant)")
-    p.add_argument("--engine_slots", type=int, default=64)
-    p.add_argument("--rollout_rate", type=float, default=None, help="measured rollout ceiling, trajectories/s")
-    p.add_argument("--workers", type=int, default=1, help="rollout workers (0: size the pool)")
+@dataclasses.dataclass(frozen=True)
+class PlanConfig:
+    """The planner's flags. The knobs it shares with the learner and the rollout job take
+    their defaults from those jobs' configs, so a plan sizes the run they would start."""
+
+    env: str = knob(LearnerJobConfig.env, "the environment (any registered name)")
+    tool_latency: str = knob("fixed:0.5", "per tool call: none, fixed:S, uniform:A:B, lognormal:M:S")
+    episodes: int = knob(64, "oracle episodes measured")
+    batch_records: int = knob(LearnerConfig.batch_records, "records per learner step (the learner's)")
+    group_size: int = knob(CreditConfig.group_size, "episodes per request (the learner's)")
+    publish_every: int = knob(LearnerConfig.publish_every, "learner steps between policy versions (the learner's)")
+    target_duty: float = knob(0.95, "the learner duty cycle the plan aims at")
+    staleness_bound: float = knob(2.0, "mean policy versions a trajectory may lag (caps credits)")
+    max_wait_s: float = knob(1.0, "the packer's max wait (adds to the latency)")
+    pipeline_s: float | None = knob(None, "transport latency (unset: a measured constant)")
+    engine_slots: int = knob(EngineConfig.slots, "KV-cache slots per rollout worker (the rollout job's)")
+    rollout_rate: float | None = knob(None, "measured rollout ceiling, trajectories/s")
+    workers: int = knob(1, "rollout workers (0: size the pool)")
     # Measured elsewhere, on the real stream (benchmarks/utilization.py passes its ceilings'):
-    p.add_argument("--learner_step_s", type=float, default=None, help="measured learner step time")
-    p.add_argument("--trajectories_per_record", type=float, default=None, help="measured on the real stream")
-    p.add_argument("--tokens_per_trajectory", type=float, default=None, help="measured on the real stream")
-    p.add_argument("--learner_steps", type=int, default=5, help="timed learner steps")
-    p.add_argument("--out", default=None, help="write the plan here as JSON")
-    return p.parse_args(argv)
+    learner_step_s: float | None = knob(None, "measured learner step time")
+    trajectories_per_record: float | None = knob(None, "measured on the real stream")
+    tokens_per_trajectory: float | None = knob(None, "measured on the real stream")
+    learner_steps: int = knob(5, "timed learner steps")
+    out: str | None = knob(None, "write the plan here as JSON")
+    layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same on both sides")
+
+
+def parse_config(argv) -> PlanConfig:
+    return config.parse(PlanConfig, argv, description=__doc__, prog="agentic-rl plan")
 
 
 # ----------------------------------------------------------------------------- environment
@@ -169,7 +178,7 @@ def measure_learner(layout, batch_records: int, lengths: list[int], steps: int) 
     """The packer's records for these lengths, and the learner's step on them."""
     from core.policy.config import ModelConfig
     from pipelines.packing import pack
-    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.learning.learner import Learner
 
     shape = layout.largest
     need = batch_records * shape.max_trajectories * 2
@@ -198,44 +207,44 @@ def measure_learner(layout, batch_records: int, lengths: list[int], steps: int) 
 
 
 # ----------------------------------------------------------------------------- plan
-def run(args) -> dict:
-    layout = layout_from_flags(args)
-    env = measure_environment(args.env, args.tool_latency, args.episodes)
-    engine = measure_engine(args.engine_slots, layout.trajectory_len)
-    learner = measure_learner(layout, args.batch_records, env.pop("lengths"), args.learner_steps)
+def run(cfg: PlanConfig) -> dict:
+    layout = cfg.layout.layout
+    env = measure_environment(cfg.env, cfg.tool_latency, cfg.episodes)
+    engine = measure_engine(cfg.engine_slots, layout.trajectory_len)
+    learner = measure_learner(layout, cfg.batch_records, env.pop("lengths"), cfg.learner_steps)
     generation_s = env["generated_per_episode"] * engine["step_s"]
     engine_rate = engine["tokens_per_s"] / env["generated_per_episode"]
     m = Measurements(
-        step_s=args.learner_step_s or learner["step_s"],
-        trajectories_per_record=args.trajectories_per_record or learner["trajectories_per_record"],
-        batch_records=args.batch_records,
+        step_s=cfg.learner_step_s or learner["step_s"],
+        trajectories_per_record=cfg.trajectories_per_record or learner["trajectories_per_record"],
+        batch_records=cfg.batch_records,
         episode_s=env["episode_wall_s"] + generation_s,
-        pipeline_s=args.max_wait_s + (DEFAULT_PIPELINE_S if args.pipeline_s is None else args.pipeline_s),
-        rollout_rate=args.rollout_rate or engine_rate,
-        tokens_per_trajectory=args.tokens_per_trajectory or env["tokens_per_trajectory"],
+        pipeline_s=cfg.max_wait_s + (DEFAULT_PIPELINE_S if cfg.pipeline_s is None else cfg.pipeline_s),
+        rollout_rate=cfg.rollout_rate or engine_rate,
+        tokens_per_trajectory=cfg.tokens_per_trajectory or env["tokens_per_trajectory"],
         slowest_episode_s=env["slowest_episode_s"] + generation_s,
     )
-    credits = CreditConfig(0, args.batch_records, layout.largest, args.group_size)
+    credits = CreditConfig(0, cfg.batch_records, layout.largest, cfg.group_size)
     plan = make_plan(
         m,
-        target_duty=args.target_duty,
-        group_size=args.group_size,
-        publish_every=args.publish_every,
+        target_duty=cfg.target_duty,
+        group_size=cfg.group_size,
+        publish_every=cfg.publish_every,
         min_window=credits.min_window,
-        workers=args.workers or None,
-        staleness_bound=args.staleness_bound,
+        workers=cfg.workers or None,
+        staleness_bound=cfg.staleness_bound,
     )
     return {
-        "env": args.env,
-        "tool_latency": args.tool_latency,
-        "rollout_rate_source": "measured" if args.rollout_rate else "engine only (upper bound)",
+        "env": cfg.env,
+        "tool_latency": cfg.tool_latency,
+        "rollout_rate_source": "measured" if cfg.rollout_rate else "engine only (upper bound)",
         "measured": {"environment": env, "engine": engine, "learner": learner},
         "measurements": m.__dict__,
         "learner_rate": m.learner_rate,
         "latency_s": m.latency_s,
         "plan": {
             "target_duty": plan.target_duty,
-            "staleness_bound": args.staleness_bound,
+            "staleness_bound": cfg.staleness_bound,
             "max_in_flight": plan.max_in_flight,
             "max_staleness": plan.max_staleness,
             "rollout_workers": plan.rollout_workers,
@@ -267,12 +276,12 @@ def describe(r: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    result = run(args)
+    cfg = parse_config(argv)
+    result = run(cfg)
     for line in describe(result):
         print(line)
-    if args.out:
-        with open(args.out, "w") as f:
+    if cfg.out:
+        with open(cfg.out, "w") as f:
             json.dump(result, f, indent=2)
     return 0
 

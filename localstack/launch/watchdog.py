@@ -16,7 +16,7 @@ are unregistered when their owner stops them, so a reused group id is never sign
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import signal
 import subprocess
@@ -24,6 +24,17 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from core import config
+from core.config import knob
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchdogConfig:
+    parent: int = knob(help="the launcher's pid: its exit is what the watchdog waits for")
+    registry: str = knob(help="the file of process groups the launcher registered")
+    poll_s: float = knob(0.25, "seconds between checks of the launcher and the registry")
+    grace_s: float = knob(3.0, "seconds between SIGTERM and SIGKILL of the groups")
 
 
 def read_registry(path: Path) -> list[int]:
@@ -85,18 +96,12 @@ class Watchdog:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls, registry: Path, poll_s: float = 0.25, grace_s: float = 3.0) -> Watchdog:
+    def start(cls, registry: Path, **settings) -> Watchdog:
+        """`settings`: WatchdogConfig fields other than parent and registry."""
         registry.parent.mkdir(parents=True, exist_ok=True)
         registry.write_text("")
-        cmd = [
-            sys.executable,
-            "-m",
-            "localstack.launch.watchdog",
-            f"--parent={os.getpid()}",
-            f"--registry={registry}",
-            f"--poll_s={poll_s}",
-            f"--grace_s={grace_s}",
-        ]
+        cfg = WatchdogConfig(parent=os.getpid(), registry=str(registry), **settings)
+        cmd = [sys.executable, "-m", "localstack.launch.watchdog", *config.to_argv(cfg)]
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True, cwd=_repo_root()
         )
@@ -125,14 +130,9 @@ def _repo_root() -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parent", type=int, required=True)
-    p.add_argument("--registry", type=Path, required=True)
-    p.add_argument("--poll_s", type=float, default=0.25)
-    p.add_argument("--grace_s", type=float, default=3.0)
-    args = p.parse_args(argv)
+    cfg = config.parse(WatchdogConfig, argv, description=__doc__)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the launcher is not for us
-    return watch(args.parent, args.registry, args.poll_s, args.grace_s)
+    return watch(cfg.parent, Path(cfg.registry), cfg.poll_s, cfg.grace_s)
 
 
 if __name__ == "__main__":

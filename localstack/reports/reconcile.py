@@ -19,8 +19,10 @@ size. Two things make one legitimately: trajectories from before a learner resta
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from core.contracts.run_summary import Accounting
 from core.telemetry.scalars import read_rows
 
 # The learner's drop-notice reason -> the rollout worker's counter for it.
@@ -50,7 +52,24 @@ def rollout_totals(workdir: str | Path) -> dict[str, float] | None:
     return totals if found else None
 
 
-def reconcile(accounting: dict, rollout: dict[str, float], group_size: int) -> dict:
+@dataclasses.dataclass
+class Reconciliation:
+    """The rollout workers' counts joined to the learner's Accounting; `remainders` are what
+    was still in flight at the end, `mismatch` the negative ones among them."""
+
+    episodes: int = 0
+    episodes_by_status: dict[str, int] = dataclasses.field(default_factory=dict)
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # on purpose, by reason
+    deduplicated: int = 0
+    packed: int = 0
+    dead_lettered_requests: int = 0
+    bad_requests: int = 0
+    remainders: dict[str, int] = dataclasses.field(default_factory=dict)
+    mismatch: dict[str, int] = dataclasses.field(default_factory=dict)
+    reconciled: bool = True
+
+
+def reconcile(accounting: Accounting, rollout: dict[str, float], group_size: int) -> Reconciliation:
     g = lambda name: int(rollout.get(name, 0) or 0)
     episodes = g("episodes")
     by_status = {
@@ -60,48 +79,47 @@ def reconcile(accounting: dict, rollout: dict[str, float], group_size: int) -> d
     dedup = sum(g(c) for c in DEDUP_COUNTERS)
     packed = g("trajectories_packed")
     dead_lettered = g("dead_letters") * group_size
-    notices = accounting.get("dropped_by_pipeline", {})
-    foreign = accounting.get("foreign", 0)
+    notices = accounting.dropped_by_pipeline
     remainders = {
         # requested - what the workers ran or refused; a request run twice shows up in dedup
-        "not_yet_run": accounting["requested"] - episodes - dead_lettered + dedup,
+        "not_yet_run": accounting.requested - episodes - dead_lettered + dedup,
         "in_runner_or_packer": episodes - packed - sum(dropped.values()) - dedup,
-        "packed_not_received": packed - (accounting["received"] - foreign),
+        "packed_not_received": packed - (accounting.received - accounting.foreign),
         **{
             f"{reason}_notices_not_received": n - notices.get(reason, 0)
             for reason, n in ({r: 0 for r in notices} | dropped).items()
         },
     }
     negative = {k: v for k, v in remainders.items() if v < 0}
-    return {
-        "episodes": episodes,
-        "episodes_by_status": by_status,
-        "dropped": dropped,
-        "deduplicated": dedup,
-        "packed": packed,
-        "dead_lettered_requests": g("dead_letters"),
-        "bad_requests": g("bad_requests"),
-        "remainders": remainders,
-        "mismatch": negative,
-        "reconciled": not negative,
-    }
+    return Reconciliation(
+        episodes=episodes,
+        episodes_by_status=by_status,
+        dropped=dropped,
+        deduplicated=dedup,
+        packed=packed,
+        dead_lettered_requests=g("dead_letters"),
+        bad_requests=g("bad_requests"),
+        remainders=remainders,
+        mismatch=negative,
+        reconciled=not negative,
+    )
 
 
-def format_reconciliation(r: dict, accounting: dict) -> list[str]:
-    rem = r["remainders"]
-    statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["episodes_by_status"].items())) or "none"
-    drops = ", ".join(f"{k} {v}" for k, v in sorted(r["dropped"].items())) or "none"
+def format_reconciliation(r: Reconciliation, accounting: Accounting) -> list[str]:
+    rem = r.remainders
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(r.episodes_by_status.items())) or "none"
+    drops = ", ".join(f"{k} {v}" for k, v in sorted(r.dropped.items())) or "none"
     lines = [
-        f"requested {accounting['requested']} = episodes the workers ended {r['episodes']} ({statuses})"
-        f" + in dead-lettered requests {r['dead_lettered_requests']} request(s)"
-        f" + not yet run {rem['not_yet_run']} (deduplicated {r['deduplicated']} counted back)",
-        f"episodes {r['episodes']} = packed {r['packed']} + dropped on purpose ({drops})"
-        f" + deduplicated {r['deduplicated']} + in the runner or packer {rem['in_runner_or_packer']}",
-        f"packed {r['packed']} = received by the learner {accounting['received'] - accounting.get('foreign', 0)}"
+        f"requested {accounting.requested} = episodes the workers ended {r.episodes} ({statuses})"
+        f" + in dead-lettered requests {r.dead_lettered_requests} request(s)"
+        f" + not yet run {rem['not_yet_run']} (deduplicated {r.deduplicated} counted back)",
+        f"episodes {r.episodes} = packed {r.packed} + dropped on purpose ({drops})"
+        f" + deduplicated {r.deduplicated} + in the runner or packer {rem['in_runner_or_packer']}",
+        f"packed {r.packed} = received by the learner {accounting.received - accounting.foreign}"
         f" + in Pub/Sub at the end {rem['packed_not_received']}",
     ]
-    if r["bad_requests"]:
-        lines.append(f"malformed requests dead-lettered by the workers: {r['bad_requests']}")
-    if not r["reconciled"]:
-        lines.append("MISMATCH (rollout vs learner): " + ", ".join(f"{k} {v}" for k, v in r["mismatch"].items()))
+    if r.bad_requests:
+        lines.append(f"malformed requests dead-lettered by the workers: {r.bad_requests}")
+    if not r.reconciled:
+        lines.append("MISMATCH (rollout vs learner): " + ", ".join(f"{k} {v}" for k, v in r.mismatch.items()))
     return lines

@@ -8,9 +8,7 @@ costs its plot a one-line note, never the report. Nothing here reaches the netwo
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +19,15 @@ import numpy as np
 matplotlib.use("Agg")  # files only: never needs a display
 import matplotlib.pyplot as plt
 
+from core import config
+from core.config import knob
+from core.contracts.run_summary import Accounting
 from core.telemetry.scalars import read_rows as read_jsonl  # tolerant of a line cut short
 from localstack.reports.heldout import held_out_summary
+from localstack.reports.reconcile import Reconciliation, format_reconciliation
+from localstack.reports.summary import DemoSummary, read_summary
 from localstack.reports.timeline import render_timeline
+from trainer.learning.accounting import format_accounting
 
 DPI = 100
 DEFAULT_TARGET = 0.9
@@ -35,20 +39,6 @@ class _Missing(Exception):
 
 
 # -- reading -----------------------------------------------------------------------------
-def _text(path) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _loads(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
 def _num(v) -> float | None:
     """A finite number, else None (bools, strings and NaN in a partial row are not data)."""
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -63,26 +53,24 @@ def _series(rows: list[dict], xkey: str, ykey: str) -> tuple[list[float], list[f
 @dataclass
 class Run:
     workdir: Path
-    summary: dict
+    summary: DemoSummary | None  # None: no readable summary (`summary_note` says why)
     evals: list[dict]  # rows with a numeric success
     learner: list[dict]
     rollouts: dict[str, list[dict]]  # worker dir name -> rows
     target: float
+    summary_note: str = ""
 
 
-def _target(summary: dict) -> float:
+def _target(summary: DemoSummary | None) -> float:
     # held_out carries it at its top or once per mode ({"greedy": {"target": 0.9, ...}}).
-    held = summary.get("held_out") if isinstance(summary.get("held_out"), dict) else {}
+    held = summary.held_out if summary is not None else {}
     found = [held.get("target")] + [v.get("target") for v in held.values() if isinstance(v, dict)]
     return next((t for t in map(_num, found) if t is not None), DEFAULT_TARGET)
 
 
 def load_run(workdir) -> Run:
     wd, logs = Path(workdir), Path(workdir) / "logs"
-    summary = _loads(_text(wd / "run_summary.json"))
-    if not isinstance(summary, dict):  # older runs wrote only the learner's summary.json
-        summary = _loads(_text(wd / "summary.json"))
-    summary = summary if isinstance(summary, dict) else {}
+    summary, note = read_summary(wd)  # the demo's, else the learner's own
     rollouts = {p.parent.name: read_jsonl(p) for p in sorted(logs.glob("rollout-*/metrics.jsonl"))}
     # Rows the evaluator wrote whole: a number for each field the summary and plots read.
     fields = ("success", "version", "published_at")
@@ -92,7 +80,8 @@ def load_run(workdir) -> Run:
         if isinstance(r.get("mode"), str) and all(_num(r.get(k)) is not None for k in fields)
     ]
     learner = read_jsonl(logs / "learner" / "metrics.jsonl")
-    return Run(wd, summary, evals, learner, {k: v for k, v in rollouts.items() if v}, _target(summary))
+    rollouts = {k: v for k, v in rollouts.items() if v}
+    return Run(wd, summary, evals, learner, rollouts, _target(summary), note)
 
 
 # -- summary -----------------------------------------------------------------------------
@@ -134,15 +123,17 @@ def _held_out_rows(run: Run) -> list[tuple[str, str]]:
 
 def summary_rows(run: Run) -> list[tuple[str, str]]:
     s = run.summary
-    slash = lambda *keys: " / ".join(_fmt(s.get(k)) for k in keys)
-    versions = [v for v in s.get("policy_versions_published") or [] if isinstance(v, int)]
-    status = s.get("episode_status") if isinstance(s.get("episode_status"), dict) else {}
+    L = s.learner if s else None
+    get = lambda obj, name: getattr(obj, name) if obj is not None else None
+    slash = lambda *names: " / ".join(_fmt(get(s if n == "demo_wall_s" else L, n)) for n in names)
+    versions = L.policy_versions_published if L else []
+    status = L.episode_status if L else {}
     return [
-        ("schedule", _fmt(s.get("schedule"))),
-        ("learner steps", _fmt(s.get("steps"))),
+        ("schedule", _fmt(get(L, "schedule"))),
+        ("learner steps", _fmt(get(L, "steps"))),
         ("policy versions published", f"{len(versions)} (v{min(versions)}–v{max(versions)})" if versions else "n/a"),
-        ("trajectories", _fmt(s.get("trajectories"))),
-        ("mean reward", _fmt(s.get("mean_reward"))),
+        ("trajectories", _fmt(get(L, "trajectories"))),
+        ("mean reward", _fmt(get(L, "mean_reward"))),
         ("episode status", ", ".join(f"{k} {v}" for k, v in status.items()) or "n/a"),
         ("whole demo wall s / warm start s / learner wall s", slash("demo_wall_s", "warmstart_s", "wall_s")),
         ("learner duty cycle (whole run / steady)", slash("learner_duty_cycle", "steady_duty_cycle")),
@@ -210,12 +201,8 @@ def plot_learner(run: Run, out: Path) -> Path:
 
 
 def plot_staleness(run: Run, out: Path) -> Path:
-    hist = run.summary.get("staleness_histogram")
-    hist = (
-        {int(k): v for k, v in hist.items() if str(k).isdigit() and _num(v) is not None}
-        if isinstance(hist, dict)
-        else {}
-    )
+    hist = run.summary.learner.staleness_histogram if run.summary else {}
+    hist = {int(k): v for k, v in hist.items() if k.isdigit()}
     if not hist and not run.learner:
         raise _Missing("no staleness_histogram in the summary and no learner rows")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -346,15 +333,12 @@ def _files_section(wd: Path) -> list[str]:
     return lines + [""]
 
 
-def _accounting_section(acc: dict | None, joined: dict | None = None) -> list[str]:
+def _accounting_section(acc: Accounting | None, joined: Reconciliation | None = None) -> list[str]:
     """The learner's two trajectory balances (trainer/learning/accounting.py) and, joined to
     them, the rollout side's counts (localstack/reports/reconcile.py); a mismatch in bold."""
     lines = ["## Where every trajectory went", ""]
     if not acc:
-        return lines + ["_Skipped: no accounting in the summary (a run from before it was kept)._", ""]
-    from localstack.reports.reconcile import format_reconciliation
-    from trainer.learning.accounting import format_accounting
-
+        return lines + ["_Skipped: no summary to take the accounting from._", ""]
     bold = lambda line: f"- **{line}**" if line.startswith("MISMATCH") else f"- {line}"
     lines += [bold(line) for line in format_accounting(acc)]
     if joined:
@@ -369,10 +353,10 @@ def write_report(workdir, start_s: float | None = None, window_s: float = 20.0) 
     (run.workdir / "report").mkdir(parents=True, exist_ok=True)
     lines = [f"# Run report: {run.workdir}", "", "## Summary", ""]
     if not run.summary:
-        lines += ["_No run_summary.json or summary.json: the learner's figures are missing._", ""]
+        lines += [f"_{run.summary_note}: the learner's figures are missing._", ""]
     lines += ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in summary_rows(run)), ""]
-    summary = run.summary or {}
-    lines += _accounting_section(summary.get("accounting"), summary.get("reconciliation"))
+    s = run.summary
+    lines += _accounting_section(s and s.learner.accounting, s and s.reconciliation)
     for name, title, plot in PLOTS:
         lines += _section(run, name, title, plot)
     traced = (run.workdir / "trace.json").exists()
@@ -384,18 +368,23 @@ def write_report(workdir, start_s: float | None = None, window_s: float = 20.0) 
     return path
 
 
+@dataclass(frozen=True)
+class ReportFlags:
+    timeline_out: str | None = knob(None, "write only this timeline PNG, from WORKDIR/trace.json")
+    start_s: float | None = knob(None, "timeline start, s since the trace's first event")
+    window_s: float = knob(20.0, "timeline window length, s")
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="Write WORKDIR/report.md (and PNGs) for a finished run.")
+    p = config.make_parser(ReportFlags, "Write WORKDIR/report.md (and PNGs) for a finished run.")
     p.add_argument("workdir", help="a finished run's directory")
-    p.add_argument("--timeline_out", default=None, help="write only this timeline PNG, from WORKDIR/trace.json")
-    p.add_argument("--start_s", type=float, default=None, help="timeline start, s since the trace's first event")
-    p.add_argument("--window_s", type=float, default=20.0, help="timeline window length, s")
-    args = p.parse_args(argv)
+    ns = p.parse_args(argv)
+    args = config.from_namespace(ReportFlags, ns)
     if args.timeline_out:
-        trace = Path(args.workdir) / "trace.json"
+        trace = Path(ns.workdir) / "trace.json"
         print(render_timeline(trace, args.timeline_out, args.start_s, args.window_s) or f"no spans in {trace}")
     else:
-        print(write_report(args.workdir, args.start_s, args.window_s))
+        print(write_report(ns.workdir, args.start_s, args.window_s))
 
 
 if __name__ == "__main__":

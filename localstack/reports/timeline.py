@@ -1,6 +1,6 @@
 """The run's timeline as a picture: a window of trace.json (Chrome trace events, as
 core.telemetry.trace writes them) drawn as a Gantt chart, one row per (process, track).
-The report embeds it; the README's busy and starved pictures come from it:
+The report embeds it; the busy and starved pictures of docs/OPERATING.md come from it:
 
     python -m localstack.reports.report WORKDIR --timeline_out PNG [--start_s S --window_s W]
 """

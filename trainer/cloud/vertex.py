@@ -1,10 +1,11 @@
 """The learner as a Vertex AI `CustomJob` on a TPU slice: build, check offline, submit.
 
-    python -m trainer.cloud.vertex --project my-proj --region us-central1 \\
+    agentic-rl vertex --project my-proj --region us-central1 \\
         --image us-docker.pkg.dev/my-proj/rl/learner:v1 --base_output_dir gs://my-bucket/learner \\
         --dry-run -- --requests_topic projects/my-proj/topics/rollout-requests ...
 
-Everything after `--` is passed to `python -m trainer.task`. `--dry-run` builds the job,
+(`python -m trainer.cloud.vertex` is the same command.) Everything after `--` is passed to
+`python -m trainer.task`. `--dry-run` (or `--dry_run`) builds the job,
 checks it (the proto constructor refuses unknown field names; the learner's own argparse
 checks its flags) and prints it as JSON, with no network call. Without `--dry-run` the job
 is submitted with `aiplatform.CustomJob(...).submit()` and Application Default
@@ -13,11 +14,13 @@ Credentials: that path needs a real project and has NOT been run from this repos
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import sys
 from collections.abc import Mapping, Sequence
+
+from core import config
+from core.config import derived, knob
 
 LEARNER_COMMAND = ("python", "-m", "trainer.task")
 _PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
@@ -36,24 +39,34 @@ def _gcs(uri: str | None, what: str, required: bool = True) -> None:
         raise ValueError(f"{what} must be a gs://bucket[/path] URI, got {uri!r}")
 
 
-@dataclasses.dataclass(frozen=True)
-class LearnerJobConfig:
-    """Everything the learner's CustomJob needs; refuses bad values on construction."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VertexJobConfig:
+    """Everything the learner's CustomJob needs, and how to launch it: each field is a flag
+    of `agentic-rl vertex` but `learner_args` (what follows `--`). Refuses bad values on
+    construction."""
 
-    project: str
-    region: str
-    image_uri: str
-    base_output_dir: str  # gs://…; Vertex derives AIP_MODEL_DIR/CHECKPOINT_DIR/… from it
-    display_name: str = "agentic-rl-learner"
-    machine_type: str = "ct5lp-hightpu-4t"  # TPU v5e, 4 chips per host
-    tpu_topology: str | None = "2x2"  # one ct5lp-hightpu-4t host
-    replica_count: int = 1  # learner hosts: workerpool0 holds 1, workerpool1 the rest
-    learner_args: tuple[str, ...] = ()
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    staging_bucket: str | None = None  # default: base_output_dir's bucket
-    service_account: str | None = None
+    project: str = knob(help="GCP project id")
+    region: str = knob(help="a region like us-central1 (not a zone)")
+    image_uri: str = knob(help="learner container image URI (see Dockerfile)", flag="image")
+    # Vertex derives AIP_MODEL_DIR/CHECKPOINT_DIR/... from it.
+    base_output_dir: str = knob(help="gs://bucket/path")
+    display_name: str = knob("agentic-rl-learner", "the job's name in the console")
+    machine_type: str = knob("ct5lp-hightpu-4t", "learner host machine type (TPU v5e, 4 chips per host)")
+    tpu_topology: str = knob("2x2", "the TPU slice, e.g. 2x2 or 4x4 ('' for none)")  # 2x2: one v5e host
+    replica_count: int = knob(1, "learner hosts: workerpool0 holds 1, workerpool1 the rest")
+    staging_bucket: str | None = knob(None, "gs://... for the SDK's staging (unset: base_output_dir's bucket)")
+    service_account: str | None = knob(None, "the identity the job runs as (an email)")
+    # NAME=VALUE items; a mapping given in code becomes them.
+    env: tuple[str, ...] = knob((), "NAME=VALUE for the learner's environment (repeat the flag)", repeat=True)
+    dry_run: bool = knob(False, "build, check and print the job as JSON; no network")
+    skip_learner_args_check: bool = knob(False, "do not parse the learner's flags with trainer.task's parser")
+    learner_args: tuple[str, ...] = derived((), "the learner's flags: everything after --")
 
     def __post_init__(self):
+        if isinstance(self.env, Mapping):
+            object.__setattr__(self, "env", tuple(f"{k}={v}" for k, v in self.env.items()))
+        object.__setattr__(self, "env", tuple(self.env))
+        object.__setattr__(self, "tpu_topology", self.tpu_topology or "")  # None or '': no topology
         if not _PROJECT.match(self.project or ""):
             raise ValueError(f"project {self.project!r} is not a GCP project id")
         if not _REGION.match(self.region or ""):
@@ -68,16 +81,17 @@ class LearnerJobConfig:
             raise ValueError(f"replica_count must be an int >= 1, got {self.replica_count!r}")
         if self.service_account is not None and not re.match(r"^[^@\s]+@[^@\s]+$", self.service_account):
             raise ValueError(f"service_account {self.service_account!r} is not an email")
-        for name, value in self.env.items():
+        for item in self.env:
+            name, sep, _ = item.partition("=") if isinstance(item, str) else ("", "", None)
+            if not sep:
+                raise ValueError(f"--env wants NAME=VALUE, got {item!r}")
             if not _ENV_NAME.match(name) or name.startswith(_RESERVED_ENV):
                 raise ValueError(f"env var {name!r} is invalid or reserved by Vertex AI")
-            if not isinstance(value, str):
-                raise ValueError(f"env var {name} must be a string")
         object.__setattr__(self, "learner_args", tuple(self.learner_args))
         tpu = _TPU_CHIPS_PER_HOST.match(self.machine_type or "")
         if tpu and not self.tpu_topology:
             raise ValueError(f"TPU machine type {self.machine_type} needs a tpu_topology")
-        if self.tpu_topology is not None:
+        if self.tpu_topology:
             if not tpu:
                 raise ValueError(f"tpu_topology given for non-TPU machine type {self.machine_type!r}")
             if not _TOPOLOGY.match(self.tpu_topology):
@@ -96,11 +110,15 @@ class LearnerJobConfig:
         return chips
 
     @property
+    def env_vars(self) -> dict[str, str]:
+        return dict(item.partition("=")[::2] for item in self.env)
+
+    @property
     def resolved_staging_bucket(self) -> str:
         return self.staging_bucket or "gs://" + self.base_output_dir[len("gs://") :].split("/")[0]
 
 
-def worker_pool_specs(cfg: LearnerJobConfig) -> list[dict]:
+def worker_pool_specs(cfg: VertexJobConfig) -> list[dict]:
     """Vertex's distributed layout: workerpool0 is the primary (1 replica), workerpool1
     the other learner hosts, all running the same container."""
     machine = {"machine_type": cfg.machine_type}
@@ -110,13 +128,13 @@ def worker_pool_specs(cfg: LearnerJobConfig) -> list[dict]:
         "image_uri": cfg.image_uri,
         "command": list(LEARNER_COMMAND),
         "args": list(cfg.learner_args),
-        "env": [{"name": k, "value": v} for k, v in sorted(cfg.env.items())],
+        "env": [{"name": k, "value": v} for k, v in sorted(cfg.env_vars.items())],
     }
     pool = lambda n: {"machine_spec": dict(machine), "replica_count": n, "container_spec": dict(container)}
     return [pool(1)] + ([pool(cfg.replica_count - 1)] if cfg.replica_count > 1 else [])
 
 
-def build_custom_job(cfg: LearnerJobConfig):
+def build_custom_job(cfg: VertexJobConfig):
     """The `google.cloud.aiplatform_v1.types.CustomJob` proto (offline; an unknown field raises)."""
     from google.cloud.aiplatform_v1 import types
 
@@ -130,7 +148,7 @@ def build_custom_job(cfg: LearnerJobConfig):
     )
 
 
-def to_sdk_job(cfg: LearnerJobConfig, credentials=None):
+def to_sdk_job(cfg: VertexJobConfig, credentials=None):
     """The `aiplatform.CustomJob` object. With `AnonymousCredentials()` it is built offline
     (no API call happens before submit())."""
     from google.cloud import aiplatform
@@ -162,72 +180,28 @@ def to_json(job) -> str:
     return json_format.MessageToJson(type(job).pb(job), indent=2)
 
 
-def submit(cfg: LearnerJobConfig, credentials=None):
+def submit(cfg: VertexJobConfig, credentials=None):
     """Create the job on Vertex AI (network; untested here). Returns the aiplatform.CustomJob."""
     job = to_sdk_job(cfg, credentials)
     job.submit(service_account=cfg.service_account)
     return job
 
 
-def parse_cli(argv: Sequence[str]) -> tuple[LearnerJobConfig, bool, bool]:
+def parse_cli(argv: Sequence[str]) -> VertexJobConfig:
+    """The launcher's flags, then `--` and the learner's; a bad value exits naming its flag."""
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    own, learner = argv[:cut], argv[cut + 1 :]
-    p = argparse.ArgumentParser(
-        prog="python -m trainer.cloud.vertex", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--project", required=True)
-    p.add_argument("--region", required=True)
-    p.add_argument("--image", required=True, help="learner container image URI (see Dockerfile)")
-    p.add_argument("--base_output_dir", required=True, help="gs://bucket/path")
-    p.add_argument("--display_name", default=LearnerJobConfig.display_name)
-    p.add_argument("--machine_type", default=LearnerJobConfig.machine_type)
-    p.add_argument("--tpu_topology", default=LearnerJobConfig.tpu_topology, help="'' for none")
-    p.add_argument("--replica_count", type=int, default=1)
-    p.add_argument("--staging_bucket", default=None)
-    p.add_argument("--service_account", default=None)
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument(
-        "--dry-run",
-        "--dry_run",
-        dest="dry_run",
-        action="store_true",
-        help="build, check and print the job as JSON; no network",
-    )
-    p.add_argument("--skip_learner_args_check", action="store_true")
-    a = p.parse_args(own)
-    env = {}
-    for item in a.env:
-        name, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--env wants NAME=VALUE, got {item!r}")
-        env[name] = value
-    try:
-        cfg = LearnerJobConfig(
-            project=a.project,
-            region=a.region,
-            image_uri=a.image,
-            base_output_dir=a.base_output_dir,
-            display_name=a.display_name,
-            machine_type=a.machine_type,
-            tpu_topology=a.tpu_topology or None,
-            replica_count=a.replica_count,
-            learner_args=tuple(learner),
-            env=env,
-            staging_bucket=a.staging_bucket,
-            service_account=a.service_account,
-        )
-    except ValueError as e:
-        p.error(str(e))
-    return cfg, a.dry_run, not a.skip_learner_args_check
+    own = ["--dry_run" if a == "--dry-run" else a for a in argv[:cut]]  # both spellings are documented
+    cfg = config.parse(VertexJobConfig, own, description=__doc__, prog="agentic-rl vertex")
+    return dataclasses.replace(cfg, learner_args=tuple(argv[cut + 1 :]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg, dry_run, check_args = parse_cli(sys.argv[1:] if argv is None else argv)
-    if check_args:
+    cfg = parse_cli(sys.argv[1:] if argv is None else argv)
+    if not cfg.skip_learner_args_check:
         check_learner_args(cfg.learner_args)
     job = build_custom_job(cfg)
-    if dry_run:
+    if cfg.dry_run:
         from google.auth.credentials import AnonymousCredentials
 
         to_sdk_job(cfg, AnonymousCredentials())  # the SDK accepts it too, still offline

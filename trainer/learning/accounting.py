@@ -16,6 +16,8 @@ A balance that does not close is reported, never rounded away: `unexplained_*` !
 
 from __future__ import annotations
 
+from core.contracts.run_summary import Accounting
+
 
 def trajectory_accounting(
     *,
@@ -29,39 +31,39 @@ def trajectory_accounting(
     in_flight: int,
     late: int = 0,
     foreign: int = 0,
-) -> dict:
+) -> Accounting:
     dropped = sum(dropped_by_pipeline.values())
     unexplained_requested = requested - (received + dropped + written_off + in_flight - late - foreign)
     unexplained_received = received - (trained + dropped_stale + buffered)
-    return {
-        "requested": requested,
-        "received": received,
-        "trained": trained,
-        "dropped_stale": dropped_stale,
-        "buffered_at_end": buffered,
-        "dropped_by_pipeline": dict(dropped_by_pipeline),
-        "written_off": written_off,
-        "in_flight_at_end": in_flight,
-        "late": late,
-        "foreign": foreign,
-        "unexplained_requested": unexplained_requested,
-        "unexplained_received": unexplained_received,
-        "balanced": unexplained_requested == 0 and unexplained_received == 0,
-    }
+    return Accounting(
+        requested=requested,
+        received=received,
+        trained=trained,
+        dropped_stale=dropped_stale,
+        buffered_at_end=buffered,
+        dropped_by_pipeline=dict(dropped_by_pipeline),
+        written_off=written_off,
+        in_flight_at_end=in_flight,
+        late=late,
+        foreign=foreign,
+        unexplained_requested=unexplained_requested,
+        unexplained_received=unexplained_received,
+        balanced=unexplained_requested == 0 and unexplained_received == 0,
+    )
 
 
-def format_accounting(a: dict) -> list[str]:
-    drops = ", ".join(f"{k} {v}" for k, v in sorted(a["dropped_by_pipeline"].items())) or "none"
+def format_accounting(a: Accounting) -> list[str]:
+    drops = ", ".join(f"{k} {v}" for k, v in sorted(a.dropped_by_pipeline.items())) or "none"
     lines = [
-        f"requested {a['requested']} = received {a['received']} + dropped by the pipeline ({drops})"
-        f" + written off {a['written_off']} + in flight at the end {a['in_flight_at_end']}"
-        f" - late {a.get('late', 0)} - from before a restart {a.get('foreign', 0)}",
-        f"received {a['received']} = trained {a['trained']} + dropped stale {a['dropped_stale']}"
-        f" + buffered at the end {a['buffered_at_end']}",
+        f"requested {a.requested} = received {a.received} + dropped by the pipeline ({drops})"
+        f" + written off {a.written_off} + in flight at the end {a.in_flight_at_end}"
+        f" - late {a.late} - from before a restart {a.foreign}",
+        f"received {a.received} = trained {a.trained} + dropped stale {a.dropped_stale}"
+        f" + buffered at the end {a.buffered_at_end}",
     ]
-    if not a["balanced"]:
+    if not a.balanced:
         lines.append(
-            f"MISMATCH: {a['unexplained_requested']} requested and {a['unexplained_received']} received"
+            f"MISMATCH: {a.unexplained_requested} requested and {a.unexplained_received} received"
             " trajectories are not accounted for"
         )
     return lines

@@ -25,15 +25,18 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from core.config import derived, knob
+from trainer.learning.staleness import StalenessConfig
+
 
 @dataclasses.dataclass(frozen=True)
 class DeliveryConfig:
     # Pub/Sub accepts 10..600 s. What each extension asks for: long enough that a first
     # compile (tens of seconds on CPU) between two polls does not let a deadline lapse.
-    ack_deadline_s: int = 120
-    # Extend held messages this often; under half the deadline, so one late poll is no loss.
-    extend_every_s: float = 30.0
-    max_staleness: int = 2  # the learner's staleness bound: sets the dedup horizon
+    ack_deadline_s: int = knob(120, "ack deadline asked for records held until a checkpoint covers them (10..600)")
+    # Under half the deadline, so one late poll is no loss.
+    extend_every_s: float = knob(30.0, "how often held records' deadlines are extended", flag="ack_extend_every_s")
+    max_staleness: int = derived(StalenessConfig.max_staleness, "the learner's staleness bound: the dedup horizon")
 
     def __post_init__(self):
         if type(self.ack_deadline_s) is not int or not 10 <= self.ack_deadline_s <= 600:

@@ -21,6 +21,7 @@ import uuid
 
 from google.api_core import exceptions as gexc
 
+from core.config import derived, knob
 from core.contracts import pubsub_io
 from core.contracts.record_shape import RecordShape
 from core.contracts.rollout_request import RolloutRequest
@@ -30,22 +31,25 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class CreditConfig:
-    max_batches_ahead: int
-    batch_records: int
-    shape: RecordShape
-    group_size: int
+    max_batches_ahead: int = knob(1, "feeder credits, in batches beyond the one being filled")
+    batch_records: int = derived(1, "the learner's --batch_records")
+    shape: RecordShape = derived(RecordShape(1, 1, 1), "the layout's largest record shape")
+    group_size: int = knob(4, "episodes per request (the GRPO group)")
     # Synchronous rounds: the window is the largest round, the trajectories that fill
     # `steps_per_round` batches of full records (whole groups); SyncSchedule sizes each
     # round within it from the packing it sees. max_batches_ahead unused.
-    sync: bool = False
-    steps_per_round: int = 1
+    sync: bool = derived(False, "the learner's --sync")
+    steps_per_round: int = derived(1, "the learner's --publish_every")
     # The user's knob for the asynchronous window: trajectories in flight (Little's law:
     # the learner's consumption rate x episode latency). None: from max_batches_ahead.
-    max_in_flight: int | None = None
-    # A request not back within this is written off and asked again (a rollout worker died
-    # with it, say). Above any honest episode latency: a redo of a slow request doubles its
-    # cost. None: never (the sync baseline's round timeout does it per round).
-    request_timeout_s: float | None = 300.0
+    max_in_flight: int | None = knob(
+        None, "feeder credits, in trajectories requested and not yet back (overrides --max_batches_ahead)"
+    )
+    # Above any honest episode latency: a redo of a slow request doubles its cost. None:
+    # never (the sync baseline's round timeout does it per round).
+    request_timeout_s: float | None = knob(
+        300.0, "a rollout request not back within this is written off and asked again (async only)"
+    )
 
     def __post_init__(self):
         if self.request_timeout_s is not None and not 0 < self.request_timeout_s < float("inf"):
@@ -60,6 +64,11 @@ class CreditConfig:
                     f"max_in_flight={self.max_in_flight!r} could deadlock: the learner's next batch may need "
                     f"{self.min_window} trajectories in flight (batch_records x rows x segments + group_size)"
                 )
+
+    @property
+    def request_timeout(self) -> float | None:
+        """The timeout the credits apply: none in synchronous rounds (the round timeout does it)."""
+        return None if self.sync else self.request_timeout_s
 
     @property
     def per_batch(self) -> int:

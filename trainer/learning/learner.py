@@ -13,6 +13,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from core.config import knob, section
 from core.contracts.records import PackedRecord
 from core.policy.config import ModelConfig
 from core.policy.model import init_model, split_params, token_logprobs
@@ -23,15 +24,15 @@ BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_lo
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-    batch_records: int = 2  # records per step; a step sees batch_records * rows sequences
-    learning_rate: float = 3e-4
-    max_grad_norm: float = 1.0
+    batch_records: int = knob(4, "records per learner step; a step sees batch_records x rows sequences")
+    learning_rate: float = knob(3e-4, "Adam's learning rate (0: the RL-off control, no policy update)")
+    max_grad_norm: float = knob(1.0, "gradients are clipped to this global norm")
     # Off by default (Adam, as in PPO): with it, a batch whose advantages are all zero
     # would still move the weights.
-    weight_decay: float = 0.0
-    publish_every: int = 5  # steps between policy versions
-    seed: int = 0
-    loss: losses.LossConfig = dataclasses.field(default_factory=losses.LossConfig)
+    weight_decay: float = knob(0.0, "AdamW weight decay (0: plain Adam)")
+    publish_every: int = knob(5, "learner steps between policy versions")
+    seed: int = knob(0, "the initial params' seed (and the warm start's)")
+    loss: losses.LossConfig = section(losses.LossConfig)
 
     def __post_init__(self):
         if self.batch_records < 1:

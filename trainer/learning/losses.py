@@ -29,6 +29,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from core.config import derived, knob
+
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 4.9e8: far outside any clip range, far from f32 overflow
 ALGORITHMS = ("ppo", "gspo_token", "decoupled_ppo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -112,15 +114,15 @@ class LossConfig:
     """Everything policy_loss needs besides arrays. Frozen and hashable: pass it to jit as
     a static argument."""
 
-    algorithm: str = "ppo"  # one of ALGORITHMS
-    eps_low: float = 0.2  # ratio clipped to [1 - eps_low, 1 + eps_high] (DAPO clip-higher)
-    eps_high: float = 0.28
-    aggregation: str = "token-mean"  # one of AGGREGATIONS
-    max_segments: int = 8  # >= the packer's max segments per row (seq-* modes, gspo_token)
-    tis_cap: float | None = None  # cap C of the behaviour weight min(pi_prox / mu, C); None = off
-    kl_coef: float = 0.0  # weight of the KL penalty to the reference policy
-    kl_estimator: str = "k3"  # one of KL_ESTIMATORS
-    norm_len: float | None = None  # seq-mean-token-sum only: divide sequence sums by this
+    algorithm: str = knob("ppo", "the policy loss", choices=ALGORITHMS, flag="loss")
+    eps_low: float = knob(0.2, "the ratio is clipped to [1 - eps_low, 1 + eps_high] (DAPO clip-higher)")
+    eps_high: float = knob(0.28, "the upper clip of the ratio, 1 + eps_high")
+    aggregation: str = knob("token-mean", "how per-token losses reduce to one", choices=AGGREGATIONS)
+    max_segments: int = derived(8, ">= the packer's max segments per row (seq-* modes, gspo_token): the layout's")
+    tis_cap: float | None = knob(None, "truncated importance sampling cap C of min(pi_prox / mu, C) (unset: off)")
+    kl_coef: float = knob(0.0, "weight of the KL penalty to the reference (the v0 policy)")
+    kl_estimator: str = knob("k3", "the per-token KL estimator", choices=KL_ESTIMATORS)
+    norm_len: float | None = knob(None, "seq-mean-token-sum only: divide sequence sums by this (unset: do not)")
 
     def __post_init__(self):
         for name, value, allowed in (

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import time
 
+from core.contracts.run_summary import DedupIds, RunSummary
+
 
 class RunStats:
     def __init__(self, peak_flops: float | None = None):
@@ -62,7 +64,7 @@ class RunStats:
         """Duty cycle and trained tokens/s after the first step: what the benchmarks compare
         (the first step carries the compile and the wait for the rollout side to start)."""
         if self.first_step_end is None or now <= self.first_step_end:
-            return {"steady_duty_cycle": 0.0, "steady_trained_tokens_per_s": 0.0, "steady_wall_s": 0.0}
+            return {}
         wall = now - self.first_step_end
         return {
             "steady_duty_cycle": round((self.step_time_s - self.first_step_s) / wall, 4),
@@ -71,53 +73,50 @@ class RunStats:
             "first_step_s": round(self.first_step_s, 3),
         }
 
-    def summary(self, learner, start, publisher, consumer, feeder, staleness, layout) -> dict:
+    def summary(self, learner, start, publisher, consumer, feeder, staleness, layout, **rest) -> RunSummary:
+        """The run's summary from these parts' counters; `rest`: the schedule's and the
+        accounting's fields."""
         now = time.monotonic()
         wall = now - self.started
-        return {
+        step_s = self.step_time_s
+        deliveries = consumer.deliveries
+        return RunSummary(
             **self.steady(now),
-            "steps": learner.steps,
-            "mesh": dict(learner.mesh.shape) if learner.mesh is not None else None,
-            "resumed_from_step": start.resumed_from_step,
-            "warmstart_s": start.warmstart_s,
-            "trained_record_ids": sorted(self.trained_ids),
-            "policy_versions_published": publisher.published,
-            "records_consumed": self.records,
-            "records_rejected": consumer.rejected,
-            "records_duplicate": consumer.duplicates,
-            "records_redelivered_while_held": consumer.deliveries.redelivered,
-            "dedup_ids": {
-                "at_end": len(consumer.deliveries.consumed),
-                "peak": consumer.deliveries.peak_consumed,
-                "expired": consumer.deliveries.expired,
-            },
-            "pubsub_errors": consumer.pubsub_errors,
-            "trajectories_dropped_by_pipeline": consumer.dropped_trajectories,
-            "tokens_consumed": self.tokens,
-            "loss_tokens_consumed": self.loss_tokens,
-            "trajectories": len(self.rewards),
-            "mean_reward": round(self.mean_reward(), 4),
-            "episode_status": dict(self.statuses),
-            "declared_record_shapes": [f"{s.rows}x{s.seq_len}" for s in layout.shapes],
-            "record_shapes": dict(self.record_shapes),
-            "records_by_max_policy_version": {str(k): v for k, v in sorted(self.record_versions.items())},
-            "staleness_histogram": {str(k): v for k, v in sorted(staleness.histogram.items())},
-            "records_dropped_stale": staleness.dropped_records,
-            "trajectories_dropped_stale": staleness.dropped_trajectories,
-            "staleness_waits": staleness.waits,
-            "requests_published": feeder.published if feeder else None,
-            "requests_redone": feeder.redone if feeder else None,  # written off after request_timeout_s
-            "request_publish_errors": feeder.publish_errors if feeder else None,
-            "compiled_train_steps": learner.compiled_variants(),
-            "wall_s": round(wall, 2),
-            "learner_duty_cycle": round(self.step_time_s / wall, 4) if wall else 0.0,
-            "trained_tokens_per_s": round(self.trained_tokens / wall, 1) if wall else 0.0,
-            "trained_tokens_per_step_s": round(self.trained_tokens / self.step_time_s, 1) if self.step_time_s else 0.0,
-            "step_tflops_per_s": round(self.flops / self.step_time_s / 1e12, 6) if self.step_time_s else 0.0,
-            "mfu": (
-                round(self.flops / self.step_time_s / self.peak_flops, 6)
-                if self.step_time_s and self.peak_flops
-                else None
-            ),
-            "last_metrics": {k: round(v, 5) for k, v in self.last_metrics.items()},
-        }
+            steps=learner.steps,
+            mesh=dict(learner.mesh.shape) if learner.mesh is not None else None,
+            resumed_from_step=start.resumed_from_step,
+            warmstart_s=start.warmstart_s,
+            trained_record_ids=sorted(self.trained_ids),
+            policy_versions_published=list(publisher.published),
+            records_consumed=self.records,
+            records_rejected=consumer.rejected,
+            records_duplicate=consumer.duplicates,
+            records_redelivered_while_held=deliveries.redelivered,
+            dedup_ids=DedupIds(len(deliveries.consumed), deliveries.peak_consumed, deliveries.expired),
+            pubsub_errors=consumer.pubsub_errors,
+            trajectories_dropped_by_pipeline=dict(consumer.dropped_trajectories),
+            tokens_consumed=self.tokens,
+            loss_tokens_consumed=self.loss_tokens,
+            trajectories=len(self.rewards),
+            mean_reward=round(self.mean_reward(), 4),
+            episode_status=dict(self.statuses),
+            declared_record_shapes=[f"{s.rows}x{s.seq_len}" for s in layout.shapes],
+            record_shapes=dict(self.record_shapes),
+            records_by_max_policy_version={str(k): v for k, v in sorted(self.record_versions.items())},
+            staleness_histogram={str(k): v for k, v in sorted(staleness.histogram.items())},
+            records_dropped_stale=staleness.dropped_records,
+            trajectories_dropped_stale=staleness.dropped_trajectories,
+            staleness_waits=staleness.waits,
+            requests_published=feeder.published if feeder else None,
+            requests_redone=feeder.redone if feeder else None,
+            request_publish_errors=feeder.publish_errors if feeder else None,
+            compiled_train_steps=learner.compiled_variants(),
+            wall_s=round(wall, 2),
+            learner_duty_cycle=round(step_s / wall, 4) if wall else 0.0,
+            trained_tokens_per_s=round(self.trained_tokens / wall, 1) if wall else 0.0,
+            trained_tokens_per_step_s=round(self.trained_tokens / step_s, 1) if step_s else 0.0,
+            step_tflops_per_s=round(self.flops / step_s / 1e12, 6) if step_s else 0.0,
+            mfu=round(self.flops / step_s / self.peak_flops, 6) if step_s and self.peak_flops else None,
+            last_metrics={k: round(float(v), 5) for k, v in self.last_metrics.items()},
+            **rest,
+        )

@@ -1,6 +1,6 @@
 """When the learner trains and publishes: asynchronously, or in synchronous rounds.
 
-One code path, two settings (DESIGN.md). `AsyncSchedule` trains whenever a batch is
+One code path, two settings (docs/ARCHITECTURE.md). `AsyncSchedule` trains whenever a batch is
 ready and publishes every `publish_every` steps while the feeder keeps its credit window
 full. `SyncSchedule` is the honest synchronous baseline: the feeder requests exactly one
 round of trajectories at version v and then stops; once every one of them is back
@@ -16,6 +16,7 @@ import math
 import time
 
 from core.contracts.records import PackedRecord, empty_record_arrays
+from core.contracts.run_summary import SyncRounds
 from trainer.learning.batches import BatchBuffer
 from trainer.learning.feeder import TrajectoryCredits
 
@@ -40,6 +41,8 @@ def split_round(records: list[PackedRecord], batch_records: int, steps: int) -> 
 
 
 class AsyncSchedule:
+    name = "async"
+
     def __init__(self, batches: BatchBuffer, publish_every: int):
         self.batches, self.publish_every = batches, publish_every
 
@@ -52,8 +55,12 @@ class AsyncSchedule:
     def next_round(self) -> None:
         pass
 
-    def summary(self) -> dict:
-        return {"schedule": "async"}
+    def pending_records(self) -> list:
+        """Records taken from the buffer and not yet trained: none (a batch is trained once taken)."""
+        return []
+
+    def summary(self) -> SyncRounds | None:
+        return None
 
 
 class SyncSchedule:
@@ -62,6 +69,8 @@ class SyncSchedule:
     `extra_steps`; fewer records are padded). A round requests whole groups: as many as
     fill the steps at the trajectories per record seen so far (the plan's estimate, or
     the densest packing, before any record arrived)."""
+
+    name = "sync"
 
     def __init__(
         self,
@@ -138,13 +147,16 @@ class SyncSchedule:
         self.round_sizes.append(size)
         self.credits.open_round(size)
 
-    def summary(self) -> dict:
-        return {
-            "schedule": "sync",
-            "sync_rounds": self.rounds,
-            "sync_extra_steps": self.extra_steps,
-            "sync_padding_records": self.padding_records,
-            "sync_timed_out_rounds": self.timed_out_rounds,
-            "sync_lost_trajectories": self.lost_trajectories,
-            "sync_round_sizes": sorted(set(self.round_sizes)),
-        }
+    def pending_records(self) -> list:
+        """The round's records taken from the buffer and not yet trained."""
+        return [r for batch in self.pending for r in batch]
+
+    def summary(self) -> SyncRounds:
+        return SyncRounds(
+            rounds=self.rounds,
+            extra_steps=self.extra_steps,
+            padding_records=self.padding_records,
+            timed_out_rounds=self.timed_out_rounds,
+            lost_trajectories=self.lost_trajectories,
+            round_sizes=sorted(set(self.round_sizes)),
+        )

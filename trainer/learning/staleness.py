@@ -18,11 +18,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+from core.config import knob
+
 
 @dataclasses.dataclass(frozen=True)
 class StalenessConfig:
-    max_staleness: int = 2
-    max_mean_staleness: float | None = None  # None: never wait
+    max_staleness: int = knob(2, "drop records older than this many versions (--sync: always 0)")
+    max_mean_staleness: float | None = knob(
+        None, "wait for fresher data while the ready data is staler than this on average (unset: never wait)"
+    )
 
     def __post_init__(self):
         if type(self.max_staleness) is not int or self.max_staleness < 0:

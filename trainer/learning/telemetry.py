@@ -25,7 +25,7 @@ class LearnerTelemetry:
 
     def polled(self, started_ns: int, records: int) -> None:
         """A poll span, when it brought records (an empty poll is part of waiting for data;
-        on the emulator it returns at once, some 20 times a second)."""
+        on the emulator it returns at once, many times a second)."""
         if records:
             self.tracer.complete("poll", "learner", started_ns, time.perf_counter_ns(), records=records)
 
@@ -49,8 +49,9 @@ class LearnerTelemetry:
         return sum(s for _, s, _ in self._steps) / span, sum(t for _, _, t in self._steps) / span
 
     def on_step(self, step: int, version: int, stats, batch, metrics: dict, step_s: float, parts) -> dict:
-        """One row after train step `step`; `parts` holds the staleness control, credits,
-        consumer, batch buffer and feeder (None in the sync baseline's place if absent)."""
+        """One row after train step `step`; `parts` is the data plane (trainer/learning/
+        data_plane.py): its staleness control, credits, consumer, batch buffer and feeder
+        (None off the primary process)."""
         self._idle_since = time.perf_counter_ns()
         now = self.clock()
         self._steps.append((now, step_s, sum(r.num_tokens for r in batch)))

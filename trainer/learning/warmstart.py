@@ -10,9 +10,8 @@ answer directly instead of calling the tool. The policy cannot do the arithmetic
 so "answer now" mostly fails where "call the tool" succeeds, and the reward tells the two
 apart. `direct_at="first_turn"` (the default) makes that one decision at the first action;
 "any_turn" answers after a random number of the oracle's calls, which also teaches the
-policy to stop half-way through a multi-call task. Measured on the calculator demo
-(direct_frac 0.5): with "any_turn" v0 held 0.336 sampled and 40 RL steps reached 0.684,
-the failures being half-done and malformed call sequences.
+policy to stop half-way through a multi-call task (docs/BENCHMARKS.md has what each did
+on the calculator demo).
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ import optax
 from flax import nnx
 
 import environments
+from core.config import derived, knob
+from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy import tokenizer
 from core.policy.model import token_logprobs
 
@@ -36,18 +37,27 @@ DIRECT_AT = ("first_turn", "any_turn")
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
-    steps: int = 0  # 0: no warm start (random init)
-    batch_rows: int = 32
-    max_seq_len: int = 256  # one transcript per row; rows are as long as the longest one, up to this
-    learning_rate: float = 3e-3
-    # "cosine": linear warmup, then cosine decay to 0. Measured on the calculator (tiny
-    # model, 1200 steps of 16, no direct answers): held-out 0.785 sampled / 0.844 greedy
-    # at a constant 3e-3, 0.910 / 0.980 with cosine.
-    schedule: str = "cosine"
-    warmup_steps: int = 50
-    direct_frac: float = 0.0  # share of demonstrations that answer directly instead of calling the tool
-    direct_at: str = "first_turn"  # where those demonstrations answer: "first_turn" | "any_turn"
-    seed: int = 0
+    steps: int = knob(0, "behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)")
+    batch_rows: int = knob(32, "oracle transcripts per warm-start step", flag="batch")
+    max_seq_len: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "one transcript per row, up to the trajectory length")
+    learning_rate: float = knob(3e-3, "the warm start's peak learning rate", flag="lr")
+    # Cosine copied sharper than a constant rate on the calculator (docs/BENCHMARKS.md).
+    schedule: str = knob(
+        "cosine", "cosine: linear warmup, then decay to 0 (sharper copying than a constant rate)", choices=SCHEDULES
+    )
+    warmup_steps: int = knob(50, "linear warmup steps of the cosine schedule", flag="warmup")
+    direct_frac: float = knob(
+        0.0, "share of demonstrations that answer directly instead of calling the tool (RL's decision to learn)"
+    )
+    direct_at: str = knob(
+        "first_turn",
+        "where direct-answer demonstrations answer: at the first action, or after some of the calls",
+        choices=DIRECT_AT,
+    )
+    seed: int = derived(0, "the learner's --seed")
+    tasks: int = knob(
+        1000, "oracle demonstrations drawn from this many generated train tasks (more tasks: less memorising)"
+    )
 
     def __post_init__(self):
         for name in ("steps", "warmup_steps"):
@@ -64,6 +74,8 @@ class WarmStartConfig:
             raise ValueError(f"warm start direct_frac must lie in [0, 1], got {self.direct_frac}")
         if self.direct_at not in DIRECT_AT:
             raise ValueError(f"warm start direct_at must be one of {DIRECT_AT}, got {self.direct_at!r}")
+        if self.steps and (type(self.tasks) is not int or self.tasks < 1):
+            raise ValueError(f"warmstart_tasks must be >= 1 with a warm start, got {self.tasks!r}")
 
 
 async def oracle_transcript(env_name: str, task: environments.Task, max_turns: int = 8, answer_after=None):

@@ -1,0 +1,58 @@
+"""docs/CONFIG.md, generated from the config trees: `python -m agentic_rl.config_doc`
+writes it; tests/test_cli.py checks that the file in the repository is current."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from core import config
+
+# subcommand -> "module:ConfigClass", in the order the document lists them
+CONFIGS = {
+    "demo": "localstack.launch.demo_config:DemoConfig",
+    "learner": "trainer.config:LearnerJobConfig",
+    "rollout": "pipelines.config:RolloutJobConfig",
+    "evaluate": "rollout.evaluator:EvaluatorConfig",
+    "plan": "localstack.launch.plan:PlanConfig",
+    "vertex": "trainer.cloud.vertex:VertexJobConfig",
+}
+PATH = Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md"
+
+HEADER = """# Configuration
+
+Generated from the config trees by `python -m agentic_rl.config_doc`; do not edit by hand
+(`tests/test_cli.py` fails when this file is not current). Each process has one typed
+config tree of dataclasses (`core/config.py`): a field's type, default and doc are written
+once, and its flag, `--help` and this table come from it. Settings a process refuses at
+start-up are in [CONFIG_REFUSALS.md](CONFIG_REFUSALS.md).
+
+`agentic-rl SUBCOMMAND --help` prints the same list. In the demo, the learner's, the
+rollout job's and the evaluator's own fields are flags under `--learner.`, `--rollout.` and
+`--eval_`; the fields the demo sets itself (topics, paths, the run-wide settings above
+them) are not.
+"""
+
+
+def config_class(subcommand: str):
+    module, name = CONFIGS[subcommand].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def render() -> str:
+    parts = [HEADER]
+    for sub in CONFIGS:
+        cls = config_class(sub)
+        parts.append(config.markdown_table(cls, f"`agentic-rl {sub}`: {cls.__name__}", f"agentic-rl {sub} --help"))
+    return "\n".join(parts)
+
+
+def main(argv=None) -> int:
+    PATH.write_text(render())
+    print(f"wrote {PATH}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""RolloutJobConfig: the rollout job's one config tree, from which its flags are generated.
+
+    cfg = config.build(RolloutJobConfig, requests_subscription=..., records_topic=..., policy_root=...)
+    argv = [*beam_flags, *config.to_argv(cfg)]         # what `agentic-rl rollout` parses back
+
+Sections: `io` (where requests come from and records go), `layout` (the record layout,
+shared with the learner), `engine` (rollout/engine_config.py) and `packing`
+(pipelines/packing_config.py), plus the job's own `heartbeat_s`. The flags are flat and
+keep their names (`--engine_slots`, `--buckets`, `--window_s`). The engine's policy store
+and trajectory cap, and the packer's record shapes, are derived from `io` and `layout`:
+never flags, always consistent (`derive_section`). Beam's own flags (the runner, the
+project, --streaming) stay Beam's: pipelines/options.py registers this tree beside them
+and builds it from Beam's options (`rollout_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from core import config
+from core.config import knob, section
+from core.contracts.record_shape import LayoutConfig
+from pipelines.packing_config import PackingConfig
+from rollout.engine_config import EngineConfig
+
+# Not argparse-required: Beam parses every registered options class for every pipeline in
+# the process (tests included), so required flags would break those; `missing` says.
+REQUIRED_IO = ("requests_subscription", "records_topic", "policy_root")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutIOConfig:
+    requests_subscription: str | None = knob(None, "projects/P/subscriptions/S carrying rollout requests")
+    records_topic: str | None = knob(None, "projects/P/topics/T for packed records")
+    dead_letter_topic: str | None = knob(None, "projects/P/topics/T for unrunnable requests (unset: logged)")
+    policy_root: str | None = knob(None, "policy store root: a directory or gs://…")
+
+    @property
+    def missing(self) -> list[str]:
+        return [f"--{name}" for name in REQUIRED_IO if not getattr(self, name)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutJobConfig:
+    io: RolloutIOConfig = section(RolloutIOConfig, help="Pub/Sub and the policy store")
+    layout: LayoutConfig = section(LayoutConfig, help="the record layout (the learner's too)")
+    engine: EngineConfig = section(EngineConfig, help="each worker's inference engine and episodes")
+    packing: PackingConfig = section(PackingConfig, help="packing trajectories into records")
+    heartbeat_s: float = knob(0.1, "DirectRunner only: keep-alive interval so timers fire on time (0 = off)")
+
+    @classmethod
+    def derive_section(cls, name: str, built: dict) -> dict:
+        """The derived fields of section `name`, from the sections before it (core.config
+        calls this while building a tree from flags; __post_init__ for every other path)."""
+        if name == "engine":
+            # An episode must fit one record row.
+            return {"policy_root": built["io"].policy_root, "max_tokens": built["layout"].layout.trajectory_len}
+        if name == "packing":
+            layout = built["layout"].layout
+            return {"buckets": layout.buckets, "rows": layout.rows, "max_segments_per_row": layout.max_segments_per_row}
+        return {}
+
+    def __post_init__(self):
+        built = {"io": self.io, "layout": self.layout}
+        for name in ("engine", "packing"):
+            want = self.derive_section(name, built)
+            current = getattr(self, name)
+            if any(getattr(current, k) != v for k, v in want.items()):
+                object.__setattr__(self, name, dataclasses.replace(current, **want))
+        if isinstance(self.heartbeat_s, bool) or not isinstance(self.heartbeat_s, (int, float)) or self.heartbeat_s < 0:
+            raise ValueError(f"heartbeat_s must be a number of seconds >= 0, got {self.heartbeat_s!r}")
+
+
+def from_values(values) -> RolloutJobConfig:
+    """The tree from parsed flags: a dict by dest (Beam's `get_all_options()`), an argparse
+    Namespace or a Beam options view. Refuses a bad setting with a ValueError naming it."""
+    return config.from_namespace(RolloutJobConfig, values)

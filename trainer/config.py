@@ -1,0 +1,144 @@
+"""The learner process's one config tree: `agentic-rl learner` (python -m trainer.task).
+
+Its sections are the component configs themselves (each field is its flag, declared once
+in the component's module): the record layout, the learner and its loss, staleness,
+credits, deliveries and the warm start. Fields computed from other sections (the loss's
+segments from the layout, the credits' batch and shape, the dedup horizon, the warm
+start's length and seed) are `derived()` and filled in here, so every component sees
+one consistent setting. Flags are flat (core/config.py): `--eps_low`, `--warmstart_lr`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from core.config import knob, section
+from core.contracts.record_shape import LayoutConfig
+from core.policy.config import MODEL_CONFIGS
+from trainer.learning.deliveries import DeliveryConfig
+from trainer.learning.feeder import CreditConfig
+from trainer.learning.learner import LearnerConfig
+from trainer.learning.staleness import StalenessConfig
+from trainer.learning.warmstart import WarmStartConfig
+
+# Flags Vertex AI's environment sets by default (applied in trainer.task.main, never here).
+VERTEX_ENV_DEFAULTS = {
+    "policy_root": "AIP_MODEL_DIR",
+    "checkpoint_dir": "AIP_CHECKPOINT_DIR",
+    "logdir": "AIP_TENSORBOARD_LOG_DIR",
+}
+
+
+def parse_mesh(text: str | None) -> tuple[int, int] | None:
+    """ "data=4,model=2" -> (4, 2); None or "" -> None (one device, no mesh)."""
+    if not text:
+        return None
+    try:
+        axes = dict(part.split("=") for part in text.split(","))
+        shape = (int(axes.pop("data", 1)), int(axes.pop("model", 1)))
+    except ValueError:
+        raise ValueError(f"--mesh must look like data=4,model=2, got {text!r}") from None
+    if axes or min(shape) < 1:
+        raise ValueError(f"--mesh takes positive sizes for the axes data and model only, got {text!r}")
+    return shape
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerJobConfig:
+    """Everything the learner job reads from its command line."""
+
+    requests_topic: str = knob(help="Pub/Sub topic the feeder publishes rollout requests to")
+    records_subscription: str = knob(help="Pub/Sub subscription the packed records arrive on")
+    policy_root: str = knob(help="the policy store (a dir or gs://...); on Vertex AI: AIP_MODEL_DIR")
+    dead_letter_topic: str | None = knob(None, "where malformed records go (unset: dropped with a log line)")
+    model_config: str = knob("tiny", "the policy model's size", choices=sorted(MODEL_CONFIGS))
+    max_steps: int = knob(20, "learner steps, then stop")
+    timeout_s: float = knob(600.0, "give up (exit 1) after this long")
+    mesh: str | None = knob(None, "device mesh, e.g. data=4,model=2 (unset: one device)")
+    sync: bool = knob(
+        False,
+        "the synchronous baseline: request one round (publish_every batches) at version v, "
+        "wait for all of it, train on it, publish v+1, repeat",
+    )
+    sync_round_timeout_s: float = knob(
+        300.0, "a round whose trajectories are not all back by then trains on what came (counted as lost)"
+    )
+    env: str = knob("calculator", "the environment (any registered name)")
+    env_config: dict = knob({}, 'the environment\'s settings, JSON, e.g. {"tool_latency": "fixed:0.1"}')
+    task_seed: int = knob(0, "seed of the generated prompts")
+    data_dir: str | None = knob(
+        None, "read prompts from the environment's TFDS dataset here (built locally if missing)"
+    )
+    init_policy: str | None = knob(
+        None, "start from the newest version in this policy store (a dir or gs://...) instead of a warm start"
+    )
+    plan: str | None = knob(
+        None, "a localstack.launch.plan JSON: warn at start if the credit window cannot reach its duty cycle"
+    )
+    peak_tflops: float | None = knob(
+        None, "the accelerator's peak, for model-FLOPs utilisation (e.g. 197 per v5e chip)"
+    )
+    publish_bf16: bool = knob(False, "publish policy versions in bfloat16")
+    keep_versions: int = knob(5, "policy versions kept in the store")
+    checkpoint_dir: str | None = knob(
+        None,
+        "learner checkpoints (a dir or gs://...), saved at every policy publish; a restarted learner resumes "
+        "from the newest (on Vertex AI: AIP_CHECKPOINT_DIR)",
+    )
+    summary_path: str | None = knob(None, "also write the run summary here as JSON")
+    logdir: str | None = knob(
+        None,
+        "per-step scalars: TensorBoard event files and metrics.jsonl under <logdir>/learner "
+        "(on Vertex AI: AIP_TENSORBOARD_LOG_DIR; unset: not written)",
+    )
+    trace_dir: str | None = knob(None, "the learner's timeline spans (Perfetto); unset: off")
+    layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same on both sides")
+    learner: LearnerConfig = section(LearnerConfig, help="the train step and its loss")
+    staleness: StalenessConfig = section(StalenessConfig, help="how stale a record may be")
+    credits: CreditConfig = section(CreditConfig, help="the feeder's credit window")
+    delivery: DeliveryConfig = section(DeliveryConfig, help="holding records until a checkpoint covers them")
+    warmstart: WarmStartConfig = section(WarmStartConfig, "warmstart_", "behaviour cloning before policy v0")
+
+    def __post_init__(self):
+        parse_mesh(self.mesh)  # refused here, naming --mesh
+        built = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in ("learner", "staleness", "credits", "delivery", "warmstart"):
+            built[name] = _replace(built[name], **self.derive_section(name, built))
+            object.__setattr__(self, name, built[name])
+
+    @classmethod
+    def derive_section(cls, name: str, built: dict) -> dict:
+        """The derived fields of section `name`, from the fields and sections before it
+        (core.config calls this while parsing, so each section is checked once, with its
+        real values; __post_init__ again for a tree built in Python)."""
+        layout = built["layout"].layout if "layout" in built else None
+        sync = built.get("sync", cls.sync)
+        if name == "learner" and "learner" in built:  # the loss, a section of the learner's
+            loss = built["learner"].loss
+            return {"loss": _replace(loss, max_segments=layout.max_segments_per_row)}
+        if name == "staleness" and sync:  # the baseline trains only on its own version, never waits
+            return {"max_staleness": 0, "max_mean_staleness": None}
+        if name == "credits":
+            learner = built["learner"]
+            return {
+                "batch_records": learner.batch_records,
+                "shape": layout.largest,
+                "sync": sync,
+                "steps_per_round": learner.publish_every,
+            }
+        if name == "delivery":
+            return {"max_staleness": built["staleness"].max_staleness}
+        if name == "warmstart":
+            return {"max_seq_len": layout.trajectory_len, "seed": built["learner"].seed}
+        return {}
+
+    @property
+    def record_layout(self):
+        return self.layout.layout
+
+
+def _replace(cfg, **changes):
+    """dataclasses.replace, only when something changes (each replace validates again)."""
+    if all(getattr(cfg, k) == v for k, v in changes.items()):
+        return cfg
+    return dataclasses.replace(cfg, **changes)
