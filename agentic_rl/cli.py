@@ -50,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentic-rl: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    sys.argv = [f"agentic-rl {name}", *rest]  # argparse's usage line names the subcommand
     if module.__name__ == "agentic_rl.pending":
         return module.main(name, rest)
-    return int(module.main(rest) or 0)
+    # argparse's usage line names the subcommand; Beam's options read sys.argv, so it is
+    # the subcommand's own for as long as that runs, and given back after.
+    saved, sys.argv = sys.argv, [f"agentic-rl {name}", *rest]
+    try:
+        return int(module.main(rest) or 0)
+    finally:
+        sys.argv = saved

@@ -222,8 +222,12 @@ def _pct(x):
 
 # ----------------------------------------------------------------------------- 4. flush latency
 def bench_flush(args, lengths: list[int]) -> None:
+    from _packer_pipeline import PackerPipelineConfig  # Beam: imported only when this section runs
+
+    from core import config
     from core.contracts import pubsub_io, records
     from localstack.emulators.pubsub import PubSubEmulator
+    from localstack.launch.commands import LOCAL_RUNNER
     from localstack.launch.processes import ProcessGroup
 
     shape = (args.flush_rows, LENGTH)
@@ -236,19 +240,18 @@ def bench_flush(args, lengths: list[int]) -> None:
             emu.create_subscription("bench-records-sub", "bench-records"),
         )
         env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
-        cmd = [
-            sys.executable,
-            os.path.join(os.path.dirname(os.path.abspath(__file__)), "_packer_pipeline.py"),
-            "--runner=BundleBasedDirectRunner",
-            "--streaming",
-            f"--project={emu.project}",
-            f"--input_subscription={sin}",
-            f"--output_topic={tout}",
-            f"--rows={args.flush_rows}",
-            f"--seq_len={LENGTH}",
-            f"--max_segments_per_row={args.flush_segments}",
-            f"--max_wait_s={args.max_wait_s}",
-        ]
+        packer = config.build(
+            PackerPipelineConfig,
+            input_subscription=sin,
+            output_topic=tout,
+            rows=args.flush_rows,
+            seq_len=LENGTH,
+            max_segments_per_row=args.flush_segments,
+            max_wait_s=args.max_wait_s,
+        )
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_packer_pipeline.py")
+        # Beam's own flags are Beam's, as for the rollout job (localstack/launch/commands.py).
+        cmd = [sys.executable, script, *LOCAL_RUNNER, f"--project={emu.project}", *config.to_argv(packer)]
         pub, sub = emu.publisher(), pubsub_io.subscriber_client(emu.env()[pubsub_io.EMULATOR_ENV])
         got: list[tuple[float, dict, list[str]]] = []
         stop = threading.Event()

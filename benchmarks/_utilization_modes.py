@@ -27,11 +27,14 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core import config
 from core.contracts import pubsub_io
 from core.contracts.records import decode
 from localstack.emulators.pubsub import PubSubEmulator
-from localstack.launch.demo import rollout_command
+from localstack.launch.commands import rollout_command
+from localstack.launch.demo_config import DemoConfig
 from localstack.launch.processes import ProcessGroup
+from pipelines.config import RolloutJobConfig
 
 
 def _write_frames(path: Path, payloads: list[bytes]) -> None:
@@ -59,14 +62,16 @@ def rollout_alone(
     window: int = 512,
     warm_s: float = 15.0,
     measure_s: float = 45.0,
-    pipeline_flags: list[str] = (),
+    plan_flags: list[str] = (),
+    settings: dict | None = None,
     env_name: str = "calculator",
     learner: tuple[set[int], int] | None = None,
 ) -> dict:
     """Trajectories/s and tokens/s of the rollout side when requests never run out; the
-    records are kept in workdir/records.bin. learner=(cpus, batch_records): the
-    learner-alone ceiling runs on those cores during the same window (its result under
-    the key "learner_alone")."""
+    records are kept in workdir/records.bin. The rollout job runs as the demo runs it, with
+    a plan's `pipeline_flags` (`plan_flags`), then `settings` (RolloutJobConfig values by
+    flag name) on top. learner=(cpus, batch_records): the learner-alone ceiling runs on
+    those cores during the same window (its result under the key "learner_alone")."""
     import environments
     from trainer.learning.feeder import Feeder, TrajectoryCredits
 
@@ -86,8 +91,17 @@ def rollout_alone(
             emu.create_subscription("records-sub", "records"),
         )
         env = {**os.environ, **emu.env(), "JAX_PLATFORMS": "cpu"}
-        flags = ["--policy_poll_s=0.5", "--max_wait_s=1.0", *pipeline_flags]
-        cmd = rollout_command(emu.project, req_s, rec_t, dead_t, store, flags)
+        job = config.build(
+            RolloutJobConfig,
+            requests_subscription=req_s,
+            records_topic=rec_t,
+            dead_letter_topic=dead_t,
+            policy_root=str(store),
+            policy_poll_s=DemoConfig.policy_poll_s,  # the demo's, which the plans assume
+            max_wait_s=DemoConfig.max_wait_s,
+        )
+        job = config.replace(config.parse(RolloutJobConfig, list(plan_flags), base=job), **(settings or {}))
+        cmd = rollout_command(job, emu.project)
         os.environ.update(emu.env())
         tasks = environments.make_tasks(env_name, 7, 2000, "train")
         credits = TrajectoryCredits(window)

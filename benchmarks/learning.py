@@ -28,29 +28,52 @@ from _report import loadavg, machine_info, print_table
 
 from core import config
 from core.config import knob
+from core.contracts.run_summary import SchemaError
 from core.telemetry.scalars import read_rows
-from localstack.launch.demo import parse_args, run_local
+from localstack.launch.demo import run_local
+from localstack.launch.demo_config import DemoConfig
 from localstack.reports.heldout import curve, held_out_summary
+from localstack.reports.summary import DemoSummary, read_summary
 
 
-def run_job(name: str, workdir: Path, flags: list[str]) -> dict:
+def demo_config(flags: list[str], base: DemoConfig | None = None) -> DemoConfig:
+    """The user's demo flags (this benchmark's text knobs) on `base` (else the demo's defaults)."""
+    return config.parse(DemoConfig, flags, prog="agentic-rl demo", base=base)
+
+
+def to_json(job: dict) -> str:
+    return json.dumps({**job, "summary": job["summary"].to_dict()}, default=str)
+
+
+def run_job(name: str, workdir: Path, cfg: DemoConfig) -> dict:
     t0 = time.monotonic()
-    print(f"--- {name}: localstack.launch.demo {' '.join(flags)}", flush=True)
-    summary = run_local(parse_args([f"--workdir={workdir}", *flags]))
+    cfg = dataclasses.replace(cfg, workdir=str(workdir))
+    flags = config.to_argv(cfg)
+    print(f"--- {name}: localstack.launch.demo {shlex.join(flags)}", flush=True)
+    summary = run_local(cfg)
     rows = read_rows(workdir / "eval.jsonl")
     job = {"name": name, "flags": flags, "wall_s": round(time.monotonic() - t0, 1), "summary": summary, "rows": rows}
-    (workdir / "job.json").write_text(json.dumps(job, default=str))
+    (workdir / "job.json").write_text(to_json(job))
     return job
 
 
-def job_from_run(name: str, workdir: Path, flags: list[str]) -> dict:
-    """A finished run's job from its files (--from_runs): the learner's summary.json and
-    the evaluator's eval.jsonl; job.json (wall time included) when the benchmark wrote it."""
+def job_from_run(name: str, workdir: Path, cfg: DemoConfig) -> dict:
+    """A finished run's job from its files (--from_runs): job.json (wall time included)
+    when this benchmark wrote it, else the demo's or the learner's summary and the
+    evaluator's eval.jsonl."""
     if (workdir / "job.json").exists():
-        return json.loads((workdir / "job.json").read_text())
-    summary = json.loads((workdir / "summary.json").read_text())
+        job = json.loads((workdir / "job.json").read_text())
+        try:
+            return {**job, "summary": DemoSummary.from_dict(job["summary"])}
+        except SchemaError as e:  # written before summaries were typed: rebuilt from the run's files
+            print(f"{workdir / 'job.json'}: {e}", flush=True)
+    summary, why = read_summary(workdir)
+    if summary is None:
+        raise SystemExit(f"{workdir}: {why}")
     rows = read_rows(workdir / "eval.jsonl")
-    summary["held_out"] = held_out_summary(rows) if rows else {}
+    if not summary.held_out and rows:
+        summary.held_out = held_out_summary(rows)
+    flags = config.to_argv(dataclasses.replace(cfg, workdir=str(workdir)))
     return {"name": name, "flags": flags, "wall_s": None, "summary": summary, "rows": rows}
 
 
@@ -101,20 +124,21 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine_info()}  load: {loadavg()}", flush=True)
     extra = shlex.split(args.demo_flags)
-    per_env = args.flags_for
-    plan = [("calculator, async RL (make demo)", "calc-rl", extra)]
+    main_job = demo_config(extra)
+    plan = [("calculator, async RL (make demo)", "calc-rl", main_job)]
     if not args.no_control:
-        plan.append(("calculator, RL off (learning rate 0)", "calc-control", [*extra, "--learning_rate=0"]))
-    for env in args.envs:
-        flags = [*extra, f"--env={env}", *shlex.split(args.env_flags), *shlex.split(per_env.get(env, ""))]
-        plan.append((f"{env}, async RL", env, flags))
-    jobs = [(job_from_run if args.from_runs else run_job)(name, work / d, flags) for name, d, flags in plan]
+        control = config.replace(main_job, **{"learner.learning_rate": 0.0})
+        plan.append(("calculator, RL off (learning rate 0)", "calc-control", control))
+    for env in args.envs:  # the demo flags, then the environment, then its own flags: the last one wins
+        flags = [*shlex.split(args.env_flags), *shlex.split(args.flags_for.get(env, ""))]
+        plan.append((f"{env}, async RL", env, demo_config(flags, base=config.replace(main_job, env=env))))
+    jobs = [(job_from_run if args.from_runs else run_job)(name, work / d, cfg) for name, d, cfg in plan]
 
     rows = []
     for job in jobs:
-        s = job["summary"]
+        held_out = job["summary"].held_out
         for mode in ("sampled", "greedy"):
-            held = s.get("held_out", {}).get(mode)
+            held = held_out.get(mode)
             if not held:
                 continue
             hit = held["first_at_target"]
@@ -142,7 +166,8 @@ def main(argv=None) -> int:
             [[c["version"], c["step"], c["rl_s"], c["success"]] for c in curve(job["rows"], "sampled")],
         )
     plot(jobs[:2], out / "learning_curve.png")
-    (out / "learning.json").write_text(json.dumps({"machine": machine_info(), "jobs": jobs}, indent=1, default=str))
+    doc = {"machine": machine_info(), "jobs": [json.loads(to_json(job)) for job in jobs]}
+    (out / "learning.json").write_text(json.dumps(doc, indent=1))
     print(f"wrote {out / 'learning.json'} and {out / 'learning_curve.png'}")
     return 0
 

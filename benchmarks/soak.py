@@ -264,20 +264,16 @@ def stop_demo(demo: subprocess.Popen) -> str:
 
 
 def run(args) -> int:
-    from localstack.launch.demo import parse_args as demo_args  # the demo's own defaults (group size)
+    from localstack.launch.commands import demo_command
+    from localstack.launch.demo_config import DemoConfig
 
     out = Path(args.out or ROOT / "runs" / time.strftime("soak-%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(args.workdir or out / "workdir").resolve()
     duration_s = args.minutes * 60
-    demo_flags = [
-        f"--workdir={workdir}",
-        f"--max_steps={STEPS}",
-        f"--timeout_s={duration_s + TIMEOUT_PAST_S}",
-        *args.demo_flags,  # after ours: argparse keeps the last, so a caller's choice wins
-    ]
-    group_size = demo_args(demo_flags).group_size
-    cmd = [sys.executable, "-m", "localstack.launch.demo", *demo_flags]
+    ours = config.build(DemoConfig, workdir=str(workdir), max_steps=STEPS, timeout_s=duration_s + TIMEOUT_PAST_S)
+    demo_cfg = config.parse(DemoConfig, list(args.demo_flags), prog="agentic-rl demo", base=ours)  # the caller's win
+    cmd = demo_command(demo_cfg)
     meta = {
         "command": shlex.join(cmd),
         "workdir": str(workdir),
@@ -295,7 +291,7 @@ def run(args) -> int:
                 cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         print(f"soak: demo pid {demo.pid}, {args.minutes} min, log {out / 'demo.log'}", flush=True)
-        tree, tel = TreeSampler(demo.pid), TelemetrySampler(workdir, group_size)
+        tree, tel = TreeSampler(demo.pid), TelemetrySampler(workdir, demo_cfg.group_size)
         started = time.monotonic()
         with open(out / "soak_samples.jsonl", "w", buffering=1) as f:
             while (t := time.monotonic() - started) < duration_s and demo.poll() is None:

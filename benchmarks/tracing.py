@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _report import loadavg, machine_info, print_table
 from _utilization_modes import rollout_alone
-from utilization import DemoRunConfig, demo, make_plan
+from utilization import DemoRunConfig, demo, demo_config, make_plan
 
 from core import config
 from core.config import knob
@@ -175,14 +175,15 @@ def rollout_ab(args, work: Path, plan: dict) -> list[dict]:
     rows = []
     for i, on in enumerate(ORDER):
         d = work / f"rollout_{i}_{'warmup' if on is None else 'on' if on else 'off'}"
-        flags = [f"--trace_dir={d / 'trace'}", f"--logdir={d / 'logs'}"] if on else []
+        telemetry = {"trace_dir": str(d / "trace"), "logdir": str(d / "logs")} if on else {}
         r = rollout_alone(
             Path(args.init_policy),
             args.tool_latency,
             d,
             rollout_cpus={int(c) for c in args.run.rollout_cpus.split(",")},
             measure_s=args.measure_s,
-            pipeline_flags=[*plan["pipeline_flags"], *flags],
+            plan_flags=plan["pipeline_flags"],
+            settings=telemetry,
         )
         row = {"trace": on, "trajectories_per_s": round(r["trajectories_per_s"], 2), "tokens_per_s": r["tokens_per_s"]}
         if on:
@@ -195,31 +196,30 @@ def rollout_ab(args, work: Path, plan: dict) -> list[dict]:
 
 def demo_ab(args, work: Path, plan_path: Path) -> list[dict]:
     rows = []
-    common = [
-        f"--init_policy={args.init_policy}",
-        "--warmstart_steps=0",
-        "--eval_n=0",
-        "--keep_zero_signal",
-        f"--max_steps={args.run.steps}",
-        f"--batch_records={args.run.batch_records}",
-        f"--publish_every={args.run.publish_every}",
-        f"--tool_latency={args.tool_latency}",
-        f"--plan={plan_path}",
-        f"--learner_cpus={args.run.learner_cpus}",
-        f"--rollout_cpus={args.run.rollout_cpus}",
-        "--live=off",
-    ]
+    common = demo_config(
+        args.run,
+        init_policy=args.init_policy,
+        warmstart_steps=0,
+        eval_n=0,
+        keep_zero_signal=True,
+        max_steps=args.run.steps,
+        batch_records=args.run.batch_records,
+        publish_every=args.run.publish_every,
+        tool_latency=args.tool_latency,
+        plan=str(plan_path),
+        live="off",
+    )
     for i, on in enumerate(ORDER):
         d = work / f"demo_{i}_{'warmup' if on is None else 'on' if on else 'off'}"
-        s = demo(d, [*common, "--trace" if on else "--no-trace"])
+        learned = demo(d, dataclasses.replace(common, trace=bool(on))).learner
         row = {
             "trace": on,
-            "steady_trained_tokens_per_s": s["steady_trained_tokens_per_s"],
-            "steady_duty_cycle": s["steady_duty_cycle"],
-            "wall_s": s["wall_s"],
+            "steady_trained_tokens_per_s": learned.steady_trained_tokens_per_s,
+            "steady_duty_cycle": learned.steady_duty_cycle,
+            "wall_s": learned.wall_s,
         }
         if on:
-            row["spans_per_s"] = spans_per_s(d / "trace", s["wall_s"])
+            row["spans_per_s"] = spans_per_s(d / "trace", learned.wall_s)
         print(f"demo trace={on}: {row}", flush=True)
         rows.append(row)
     return rows

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -33,11 +34,16 @@ from _utilization_modes import learner_alone_pinned, rollout_alone
 
 from core import config
 from core.config import knob, section
-from core.contracts.record_shape import RecordLayout
-from localstack.launch.demo import cpu_set, parse_args, run_local
+from core.contracts.record_shape import LayoutConfig
+from core.contracts.run_summary import RunSummary
+from localstack.launch.commands import plan_command
+from localstack.launch.demo import cpu_set, run_local
+from localstack.launch.demo_config import DemoConfig
+from localstack.launch.plan import PlanConfig
+from localstack.reports.summary import DemoSummary
 
 LATENCIES = ("none", "fixed:0.5", "fixed:2", "lognormal:1:1")
-GROUP_SIZE = 8  # the demo's default
+GROUP_SIZE = DemoConfig.group_size  # every run, and the plans, use the demo's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,75 +72,74 @@ def cli(argv=None) -> UtilizationConfig:
     return config.parse(UtilizationConfig, argv, description=__doc__)
 
 
-def demo(workdir: Path, flags: list[str]) -> dict:
-    t0 = time.monotonic()
-    print(f"--- localstack.launch.demo {' '.join(flags)}", flush=True)
-    summary = run_local(parse_args([f"--workdir={workdir}", *flags]))
-    summary["bench_wall_s"] = round(time.monotonic() - t0, 1)
-    return summary
+def demo_config(run: DemoRunConfig, **settings) -> DemoConfig:
+    """A demo run's tree: the benchmark's pinning, then `settings` by demo flag name."""
+    return config.build(DemoConfig, learner_cpus=run.learner_cpus, rollout_cpus=run.rollout_cpus, **settings)
 
 
-def pinning(run: DemoRunConfig) -> list[str]:
-    return [f"--learner_cpus={run.learner_cpus}", f"--rollout_cpus={run.rollout_cpus}"]
+def demo(workdir: Path, cfg: DemoConfig) -> DemoSummary:
+    cfg = dataclasses.replace(cfg, workdir=str(workdir))
+    print(f"--- localstack.launch.demo {shlex.join(config.to_argv(cfg))}", flush=True)
+    return run_local(cfg)
 
 
-def make_plan(run: DemoRunConfig, lat: str, rollout_rate: float | None, out: Path, measured: list[str] = ()) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "localstack.launch.plan",
-        f"--tool_latency={lat}",
-        f"--batch_records={run.batch_records}",
-        f"--publish_every={run.publish_every}",
-        *([f"--rollout_rate={rollout_rate}"] if rollout_rate else []),
-        *measured,
-        *RecordLayout().to_flags(),
-        f"--out={out}",
-    ]
-    subprocess.run(["taskset", "-c", run.learner_cpus, *cmd], check=True, stdout=subprocess.DEVNULL)
+def make_plan(run: DemoRunConfig, lat: str, rollout_rate: float | None, out: Path, **measured) -> dict:
+    """The capacity plan for these runs; `measured`: PlanConfig's measured-elsewhere fields."""
+    plan = config.build(
+        PlanConfig,
+        tool_latency=lat,
+        batch_records=run.batch_records,
+        group_size=GROUP_SIZE,
+        publish_every=run.publish_every,
+        rollout_rate=rollout_rate or None,
+        out=str(out),
+        **measured,
+    )
+    subprocess.run(["taskset", "-c", run.learner_cpus, *plan_command(plan)], check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
-def staleness(summary: dict) -> tuple[float, int]:
-    hist = {int(k): v for k, v in summary["staleness_histogram"].items()}
+def staleness(summary: RunSummary) -> tuple[float, int]:
+    hist = {int(k): v for k, v in summary.staleness_histogram.items()}
     n = sum(hist.values())
     return (sum(k * v for k, v in hist.items()) / n if n else 0.0), max(hist, default=0)
 
 
-def row(mode: str, s: dict, layout: RecordLayout) -> dict:
-    mean_st, max_st = staleness(s)
-    shape = layout.largest
-    made = s["trajectories"] + sum(s["trajectories_dropped_by_pipeline"].values())
+def row(mode: str, s: DemoSummary, layout: LayoutConfig) -> dict:
+    L = s.learner
+    mean_st, max_st = staleness(L)
+    shape = layout.layout.largest
+    made = L.trajectories + sum(L.trajectories_dropped_by_pipeline.values())
+    rounds = L.sync  # None when asynchronous
     return {
         "mode": mode,
-        "wall_s": s["wall_s"],
-        "steps": s["steps"],
-        "versions": len(s["policy_versions_published"]) - 1,
+        "wall_s": L.wall_s,
+        "steps": L.steps,
+        "versions": len(L.policy_versions_published) - 1,
         # After the first step (its compile, and the rollout side's start, excluded).
-        "duty": s["steady_duty_cycle"],
-        "tokens_per_s": s["steady_trained_tokens_per_s"],
-        "duty_whole_run": s["learner_duty_cycle"],
+        "duty": L.steady_duty_cycle,
+        "tokens_per_s": L.steady_trained_tokens_per_s,
+        "duty_whole_run": L.learner_duty_cycle,
         "made": made,
-        "wasted": s["trajectories_dropped_stale"] + s.get("sync_lost_trajectories", 0),
-        "in_flight_at_end": s["requests_published"] * GROUP_SIZE - made,
+        "wasted": L.trajectories_dropped_stale + (rounds.lost_trajectories if rounds else 0),
+        "in_flight_at_end": (L.requests_published or 0) * GROUP_SIZE - made,
         "mean_staleness": round(mean_st, 2),
         "max_staleness": max_st,
-        "fill": round(s["tokens_consumed"] / max(1, s["records_consumed"] * shape.rows * shape.seq_len), 3),
-        "padding_records": s.get("sync_padding_records", 0),
-        "extra_steps": s.get("sync_extra_steps", 0),
+        "fill": round(L.tokens_consumed / max(1, L.records_consumed * shape.rows * shape.seq_len), 3),
+        "padding_records": rounds.padding_records if rounds else 0,
+        "extra_steps": rounds.extra_steps if rounds else 0,
     }
 
 
 def run(args) -> dict:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    layout, rollout_cpus = RecordLayout(), cpu_set(args.run.rollout_cpus)
-    common = ["--warmstart_steps=0", "--eval_n=0", "--keep_zero_signal", *pinning(args.run)]
+    layout, rollout_cpus = LayoutConfig(), cpu_set(args.run.rollout_cpus)
     results = {"machine": machine_info(), "load_start": loadavg(), "args": dataclasses.asdict(args)}
     init_store = Path(args.init_policy) if args.init_policy else work / "init" / "policy-store"
     if not args.init_policy:  # one warm-started policy, the start of every run
-        flags = [f"--warmstart_steps={args.warmstart_steps}", "--max_steps=0", "--eval_n=0", "--plan=off"]
-        results["init_wall_s"] = demo(work / "init", [*flags, *pinning(args.run)])["demo_wall_s"]
+        init = demo_config(args.run, warmstart_steps=args.warmstart_steps, max_steps=0, eval_n=0, plan="off")
+        results["init_wall_s"] = demo(work / "init", init).demo_wall_s
     results["latencies"] = []
     for lat in args.latencies:
         d = work / lat.replace(":", "_")
@@ -148,8 +153,9 @@ def run(args) -> dict:
             lat,
             d / "rollout",
             rollout_cpus=rollout_cpus,
+            group_size=GROUP_SIZE,
             measure_s=args.measure_s,
-            pipeline_flags=first["pipeline_flags"],
+            plan_flags=first["pipeline_flags"],
             window=max(512, 2 * first["plan"]["max_concurrent_groups"] * GROUP_SIZE),  # never runs dry
             learner=(cpu_set(args.run.learner_cpus), args.run.batch_records),  # side by side, same window
         )
@@ -158,23 +164,29 @@ def run(args) -> dict:
             d / "rollout" / "records.bin", args.run.batch_records, 20, cpu_set(args.run.learner_cpus), d / "rollout"
         )
         print(f"rollout alone: {roll}\nlearner alone: {learn}\n(other core idle: {learn_idle})", flush=True)
-        measured = [  # this run's own stream, not the planner's oracle transcripts
-            f"--learner_step_s={learn['step_s']}",
-            f"--trajectories_per_record={roll['trajectories_per_record']}",
-            f"--tokens_per_trajectory={roll['tokens_per_s'] / roll['trajectories_per_s']}",
-        ]
-        plan = make_plan(args.run, lat, roll["trajectories_per_s"], d / "plan.json", measured)
-        flags = [
-            *common,
-            f"--tool_latency={lat}",
-            f"--max_steps={args.run.steps}",
-            f"--batch_records={args.run.batch_records}",
-            f"--publish_every={args.run.publish_every}",
-            f"--plan={d / 'plan.json'}",
-            f"--init_policy={init_store}",
-        ]
-        sync = demo(d / "sync", [*flags, "--sync"])
-        asyn = demo(d / "async", flags)
+        plan = make_plan(  # this run's own stream, not the planner's oracle transcripts
+            args.run,
+            lat,
+            roll["trajectories_per_s"],
+            d / "plan.json",
+            learner_step_s=learn["step_s"],
+            trajectories_per_record=roll["trajectories_per_record"],
+            tokens_per_trajectory=roll["tokens_per_s"] / roll["trajectories_per_s"],
+        )
+        runs = demo_config(
+            args.run,
+            warmstart_steps=0,
+            eval_n=0,
+            keep_zero_signal=True,
+            tool_latency=lat,
+            max_steps=args.run.steps,
+            batch_records=args.run.batch_records,
+            publish_every=args.run.publish_every,
+            plan=str(d / "plan.json"),
+            init_policy=str(init_store),
+        )
+        sync = demo(d / "sync", dataclasses.replace(runs, sync=True))
+        asyn = demo(d / "async", runs)
         limit = min(learn["tokens_per_s"], roll["tokens_per_s"])
         results["latencies"].append(
             {

@@ -27,6 +27,7 @@ from core.policy.config import ModelConfig
 from core.policy.model import init_model, split_params
 from core.telemetry import scalars
 from localstack.launch.processes import ProcessGroup
+from tests import _commands as commands
 from tests import _faulty_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,34 +69,25 @@ def plugin_site(tmp_path: Path) -> Path:
 class Job:
     """One rollout pipeline subprocess on fresh topics, and what came out of it."""
 
-    def __init__(self, emu, tmp_path: Path, store: PolicyStore, *extra_flags: str):
+    def __init__(self, emu, tmp_path: Path, store: PolicyStore, **settings):
         names = {k: topic_name(k) for k in ("requests", "records", "dead")}
         self.topics = {k: emu.create_topic(v) for k, v in names.items()}
         self.subs = {k: emu.create_subscription(v + "-sub", v) for k, v in names.items()}
         self.logdir = tmp_path / "logs"
-        cmd = [
-            sys.executable,
-            "-m",
-            "pipelines.rollout",
-            "--runner=BundleBasedDirectRunner",
-            "--streaming",
-            f"--project={emu.project}",
-            f"--requests_subscription={self.subs['requests']}",
-            f"--records_topic={self.topics['records']}",
-            f"--dead_letter_topic={self.topics['dead']}",
-            f"--policy_root={store.root}",
-            f"--logdir={self.logdir}",
-            "--telemetry_every_s=0.5",
-            "--policy_poll_s=0.2",
-            f"--rows={SHAPE[0]}",
-            f"--seq_len={SHAPE[1]}",
-            "--engine_slots=16",
-            "--max_new_tokens_per_turn=8",
-            "--max_wait_s=0.5",
-            "--commit_interval_s=0.1",
-            f"--step_timeout_s={STEP_TIMEOUT_S}",
-            *extra_flags,
-        ]
+        cmd = commands.rollout(
+            emu.project,
+            requests_subscription=self.subs["requests"],
+            records_topic=self.topics["records"],
+            dead_letter_topic=self.topics["dead"],
+            policy_root=store.root,
+            logdir=str(self.logdir),
+            telemetry_every_s=0.5,
+            rows=SHAPE[0],
+            seq_len=SHAPE[1],
+            max_new_tokens_per_turn=8,
+            step_timeout_s=STEP_TIMEOUT_S,
+            **{**commands.FAST_ROLLOUT, **settings},
+        )
         path = [str(plugin_site(tmp_path)), str(REPO), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         self.group = ProcessGroup(cmd, tmp_path / "pipeline.log", env=env, cwd=str(REPO))

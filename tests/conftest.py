@@ -46,8 +46,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
 
 
-def e2e_command(args) -> str | None:
-    """The command, if it is one of our entry points or an emulator in another process."""
+def e2e_command(args, cwd=None) -> str | None:
+    """The command, if it is one of our entry points or an emulator in another process
+    (`cwd`: where a relative script path is found, as the child will see it)."""
     argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
     argv = [os.fsdecode(a) for a in argv]
     if not argv:
@@ -63,7 +64,8 @@ def e2e_command(args) -> str | None:
         if flag == "-c" and _OURS.search(value):
             return f"{argv[0]} -c {value.strip().splitlines()[0][:80]!r}..."
     scripts = [a for a in argv[1:] if a.endswith(".py")]
-    if any(Path(s).resolve().is_relative_to(REPO) for s in scripts):
+    here = Path(cwd) if cwd is not None else Path.cwd()
+    if any((here / s).resolve().is_relative_to(REPO) for s in scripts):
         return " ".join(argv)
     return None
 
@@ -78,7 +80,7 @@ def pytest_runtest_protocol(item, nextitem):
 
     def watched(self, args, *rest, **kwargs):
         original(self, args, *rest, **kwargs)
-        command = e2e_command(args)  # after: a command that could not start started nothing
+        command = e2e_command(args, kwargs.get("cwd"))  # after: one that could not start started nothing
         if command:
             started.append(command)
 

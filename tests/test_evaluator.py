@@ -2,7 +2,6 @@
 process, and never publishes anything: its episodes cannot reach the records topic."""
 
 import os
-import sys
 import time
 
 import pytest
@@ -15,6 +14,7 @@ from core.policy.model import init_model, split_params
 from core.telemetry.scalars import read_rows
 from localstack.launch.processes import ProcessGroup
 from localstack.reports.heldout import held_out_summary
+from tests import _commands as commands
 
 KEYS = {
     "version",
@@ -42,17 +42,14 @@ def publish(store: PolicyStore, version: int, seed: int) -> None:
 
 def run_evaluator(tmp_path, store_dir, final: int, n: int = 12) -> list[dict]:
     (tmp_path / "final").write_text(str(final))
-    cmd = [
-        sys.executable,
-        "-m",
-        "rollout.evaluator",
-        f"--policy_root={store_dir}",
-        f"--out={tmp_path / 'eval.jsonl'}",
-        f"--n={n}",
-        f"--stop_file={tmp_path / 'final'}",
-        "--slots=16",
-        "--timeout_s=240",
-    ]
+    cmd = commands.evaluator(
+        policy_root=str(store_dir),
+        out=str(tmp_path / "eval.jsonl"),
+        n=n,
+        stop_file=str(tmp_path / "final"),
+        slots=16,
+        timeout_s=240,
+    )
     with ProcessGroup(cmd, tmp_path / "evaluator.log", {**os.environ, "JAX_PLATFORMS": "cpu"}) as proc:
         deadline = time.monotonic() + 280
         while proc.poll() is None and time.monotonic() < deadline:

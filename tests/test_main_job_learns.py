@@ -4,13 +4,15 @@ its defaults takes held-out success from at most 50 % to at least 90 %, in at mo
 
 import pytest
 
-from localstack.launch.demo import parse_args, run_local
+from core import config
+from localstack.launch.demo import run_local
+from localstack.launch.demo_config import DemoConfig
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_demo_defaults_take_held_out_success_from_at_most_half_to_ninety_percent(tmp_path):
-    s = run_local(parse_args([f"--workdir={tmp_path / 'demo'}"]))
+    s = run_local(config.build(DemoConfig, workdir=str(tmp_path / "demo")))
     held = s.held_out["sampled"]
     assert held["first"]["version"] == 0 and held["first"]["success"] <= 0.5, held
     assert held["last"]["success"] >= 0.9, held

@@ -2,7 +2,6 @@
 become fixed-shape records, bad ones become dead letters with a reason."""
 
 import json
-import sys
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from core.contracts.store import PolicyStore
 from core.policy.config import ModelConfig
 from core.policy.model import init_model, split_params
 from localstack.launch.processes import ProcessGroup
+from tests import _commands as commands
 from trainer.learning.consumer import RecordConsumer
 
 
@@ -28,30 +28,21 @@ def _pull_until(sub, path, n, timeout_s):
     return got
 
 
-def _setup(emu, unique_name, tmp_path, *extra_flags):
+def _setup(emu, unique_name, tmp_path, **settings):
     names = {k: unique_name(k) for k in ("requests", "records", "dead")}
     topics = {k: emu.create_topic(v) for k, v in names.items()}
     subs = {k: emu.create_subscription(v + "-sub", v) for k, v in names.items()}
     store = PolicyStore(str(tmp_path / "store"))
     store.publish(0, nnx.to_pure_dict(split_params(init_model(ModelConfig(), 0))[1]))
-    cmd = [
-        sys.executable,
-        "-m",
-        "pipelines.rollout",
-        "--runner=BundleBasedDirectRunner",
-        "--streaming",
-        f"--project={emu.project}",
-        f"--requests_subscription={subs['requests']}",
-        f"--records_topic={topics['records']}",
-        f"--dead_letter_topic={topics['dead']}",
-        f"--policy_root={store.root}",
-        "--rows=2",
-        "--seq_len=256",
-        "--engine_slots=8",
-        "--max_wait_s=0.5",
-        "--commit_interval_s=0.1",
-        *extra_flags,
-    ]
+    cmd = commands.rollout(
+        emu.project,
+        requests_subscription=subs["requests"],
+        records_topic=topics["records"],
+        dead_letter_topic=topics["dead"],
+        policy_root=store.root,
+        **commands.SMALL_LAYOUT,
+        **{**commands.FAST_ROLLOUT, "engine_slots": 8, "policy_poll_s": 1.0, **settings},
+    )
     return topics, subs, cmd
 
 
@@ -98,7 +89,7 @@ def test_filtered_groups_send_drop_notices_that_return_credits(pubsub_emulator, 
     """A random policy never solves a task: every group has equal rewards, so with the
     zero-signal filter on nothing is packed, and every trajectory is reported dropped."""
     emu = pubsub_emulator
-    topics, subs, cmd = _setup(emu, unique_name, tmp_path, "--filter_zero_signal")
+    topics, subs, cmd = _setup(emu, unique_name, tmp_path, filter_zero_signal=True)
     pub = pubsub_io.publisher_client()
     tasks = environments.generate_tasks(1, 3, "test")
     with ProcessGroup(cmd, tmp_path / "pipeline.log", env=None) as pipeline:
