@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import types
 import typing
 from collections.abc import Iterator
@@ -267,7 +268,9 @@ def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base, fill=Non
         leaf = by_path.get(path + (f.name,))
         if leaf is not None and leaf.dest in values:
             value = values[leaf.dest]
-            if isinstance(value, str) and _base_type(leaf.type)[0] is not str:
+            if isinstance(value, os.PathLike) and _base_type(leaf.type)[0] is str:
+                value = os.fspath(value)  # a Path (or epath) where a path is asked for
+            elif isinstance(value, str) and _base_type(leaf.type)[0] is not str:
                 value = _parse_value(value, leaf.type)
             kwargs[f.name] = value
     kwargs.update(fill or {})

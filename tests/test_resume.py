@@ -20,8 +20,8 @@ from trainer.learning.consumer import RecordConsumer
 
 def _learner_cmd(emu, topics, subs, store, ckpt, max_steps, logdir, summary=None):
     return commands.learner(
-        requests_topic=topics.requests,
-        records_subscription=subs.records,
+        requests_topic=topics["requests"],
+        records_subscription=subs["records"],
         policy_root=str(store),
         checkpoint_dir=str(ckpt),
         max_steps=max_steps,
@@ -66,12 +66,12 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
     names = {k: unique_name(k) for k in ("requests", "records")}
     topics = {k: emu.create_topic(v) for k, v in names.items()}
     subs = {k: emu.create_subscription(v + "-sub", v, ack_deadline_s=10) for k, v in names.items()}
-    tap = emu.create_subscription(names.records + "-tap", names.records)  # every record published
+    tap = emu.create_subscription(names["records"] + "-tap", names["records"])  # every record published
     store, ckpt, summary = tmp_path / "store", tmp_path / "ckpt", tmp_path / "summary.json"
     pipeline_cmd = commands.rollout(
         emu.project,
-        requests_subscription=subs.requests,
-        records_topic=topics.records,
+        requests_subscription=subs["requests"],
+        records_topic=topics["records"],
         policy_root=str(store),
         **commands.SMALL_LAYOUT,
         **commands.FAST_ROLLOUT,
@@ -107,7 +107,7 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
             time.sleep(0.5)
         assert second.poll() == 0, second.log_tail()
     # The pipeline is stopped: what is left on the learner's subscription is what nobody trained.
-    left_over = _drain(subs.records)
+    left_over = _drain(subs["records"])
     published = _drain(tap)
 
     s = RunSummary.from_json(summary.read_text())

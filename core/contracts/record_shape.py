@@ -1,9 +1,9 @@
 """The fixed shape of every packed record, agreed by both sides: defined here, once.
 
 A run has one *layout*: the same rows and segments per row in every length bucket, and
-one record shape [rows, b] per bucket b. The learner, the rollout pipeline, the demo and
-the planner all read their flags through `add_layout_arguments` / `layout_from_flags`, so
-the defaults and the parsing rules exist in this file only.
+one record shape [rows, b] per bucket b. The learner's, the rollout job's, the demo's and
+the planner's config trees all hold `LayoutConfig` as a section, so the defaults and the
+parsing rules exist in this file only.
 """
 
 from __future__ import annotations
@@ -100,16 +100,6 @@ class RecordLayout:
     @property
     def largest(self) -> RecordShape:
         return self.shapes[-1]
-
-    def to_flags(self) -> list[str]:
-        """The flags that give a process started with `add_layout_arguments` this layout."""
-        return [
-            f"--rows={self.rows}",
-            f"--seq_len={self.max_seq_len}",
-            f"--max_segments_per_row={self.max_segments_per_row}",
-            f"--buckets={','.join(map(str, self.buckets))}",
-            *([f"--max_trajectory_len={self.max_trajectory_len}"] if self.max_trajectory_len else []),
-        ]
 
 
 @dataclasses.dataclass(frozen=True)
