@@ -180,3 +180,9 @@ def test_sync_rounds_are_sized_from_the_packing_seen_so_far():
     schedule.next_round()
     # 2 a record from now on, one record of room kept for a part-full flush: (2 x 2 - 1) x 2.
     assert schedule.round_sizes[-1] == 6
+
+
+def test_a_floor_of_part_of_a_group_rounds_the_window_up_to_whole_groups():
+    # The credit floor (one batch + one group) need not be a multiple of the group size.
+    plan = make_plan(_m(episode_s=0.01), target_duty=0.5, group_size=8, publish_every=2, min_window=1001)
+    assert plan.max_in_flight == 1008

@@ -163,7 +163,8 @@ def make_plan(
     # for the spread of latencies and bundle sizes; whole groups, never below the floor.
     need = math.ceil(rate * m.latency_s + m.trajectories_per_step)
     cap = math.floor(staleness_bound * publish_every * m.trajectories_per_step / group_size) * group_size
-    window = max(min_window, math.ceil(min(need, cap) / group_size) * group_size)
+    # The floor is rounded up too: a window of part of a group leaves that part unusable.
+    window = math.ceil(max(min_window, min(need, cap)) / group_size) * group_size
     # Episodes running at once per worker (Little on the episode alone) for the target
     # rate, not the capped one: a rollout ceiling is measured at these settings, and
     # concurrency beyond what the engine can serve costs little. Whole groups, one spare
