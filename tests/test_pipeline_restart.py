@@ -87,6 +87,10 @@ def test_a_killed_pipeline_is_replaced_and_its_lost_requests_are_redone(pubsub_e
     assert ("written off, asked again" in (tmp_path / "learner.log").read_text()) == (s.requests_redone > 0)
 
 
+def _tasks(requests) -> list[dict]:
+    return sorted((r.task for r in requests), key=lambda t: t["task_id"])
+
+
 @pytest.mark.timeout(120)
 def test_a_request_that_never_comes_back_is_asked_again(pubsub_emulator, unique_name):
     """No rollout job at all: every request is lost. After the timeout the feeder writes
@@ -106,7 +110,7 @@ def test_a_request_that_never_comes_back_is_asked_again(pubsub_emulator, unique_
         again = _pull_requests(emu, sub, 2)
     finally:
         feeder.stop()
-    assert [r.task for r in again] == [r.task for r in first]  # the same prompts ...
+    assert _tasks(again) == _tasks(first)  # the same prompts (Pub/Sub keeps no order) ...
     assert not {r.request_id for r in again} & {r.request_id for r in first}  # ... as new requests
     assert feeder.redone == 2 and feeder.published == 2 and credits.outstanding == 8
     credits.returned(f"{first[0].request_id}/{i}" for i in range(4))  # the slow worker, after all
