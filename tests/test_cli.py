@@ -22,10 +22,19 @@ def test_an_unknown_subcommand_is_refused(capsys):
     assert "unknown subcommand 'nope'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["generate", "export"])
-def test_pending_subcommands_say_so_and_fail(name, capsys):
-    assert cli.main([name]) == 2
-    assert "issue 20" in capsys.readouterr().err
+def test_generate_refuses_neither_or_both_inputs_before_loading_anything(capsys, tmp_path):
+    missing = str(tmp_path / "no-such-checkpoint")
+    assert cli.main(["generate", f"--model={missing}"]) == 2
+    assert "exactly one of --prompt and --messages" in capsys.readouterr().err
+    assert cli.main(["generate", f"--model={missing}", "--prompt=a", f"--messages={missing}"]) == 2
+    assert "exactly one of --prompt and --messages" in capsys.readouterr().err
+    assert cli.main(["generate", f"--model={missing}", "--prompt=a"]) == 2
+    assert "not a checkpoint directory" in capsys.readouterr().err
+
+
+def test_export_of_an_empty_store_says_so(capsys, tmp_path):
+    assert cli.main(["export", f"--store={tmp_path}", f"--out={tmp_path / 'out'}"]) == 2
+    assert "has no published version" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sub", list(config_doc.CONFIGS))

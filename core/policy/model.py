@@ -2,25 +2,22 @@
 
 Attention is causal *and* restricted to the query's own segment, and RoPE uses the
 per-segment positions, so a trajectory scores the same alone or packed with others.
+
+One implementation serves every family in core/policy/config.py: the built-in byte-level
+policy and the Hugging Face checkpoints (Qwen2/2.5, Qwen3, Llama 3.x, Gemma 3 text). A
+module that only some family has (biases, q/k norms, a separate lm_head, Gemma's extra
+norms) exists only when the config asks for it, so the built-in param tree is unchanged.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from core.policy.config import ModelConfig
-
-
-def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
-    """x: [B, T, H, D]; positions: [B, T]. Rotates pairs (x[..., :D/2], x[..., D/2:])."""
-    half = x.shape[-1] // 2
-    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, half]
-    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+from core.policy.config import SLIDING, ModelConfig
+from core.policy.rope import apply_rope, inverse_frequencies
 
 
 def segment_causal_mask(segment_ids: jax.Array) -> jax.Array:
@@ -32,33 +29,80 @@ def segment_causal_mask(segment_ids: jax.Array) -> jax.Array:
     return (causal[None] & same)[:, None]
 
 
-def _linear(d_in: int, d_out: int, axes: tuple[str, str], rngs: nnx.Rngs) -> nnx.Linear:
-    """A bias-free Linear whose kernel carries logical axis names (trainer/learning/sharding.py
-    maps them onto the mesh)."""
+def window_mask(positions: jax.Array, window: int) -> jax.Array:
+    """[B, T] -> [B, 1, T, T]: key within `window` positions before the query (HF's sliding
+    window: q - k < window). Combined with the segment mask, positions are per segment."""
+    return ((positions[:, :, None] - positions[:, None, :]) < window)[:, None]
+
+
+def _linear(d_in: int, d_out: int, axes: tuple[str, str], rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
+    """A Linear whose kernel (and bias, if any) carries logical axis names
+    (trainer/learning/sharding.py maps them onto the mesh)."""
     init = nnx.with_partitioning(nnx.initializers.lecun_normal(), axes)
-    return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=init, rngs=rngs)
+    bias_init = nnx.with_partitioning(nnx.initializers.zeros_init(), axes[1:])
+    return nnx.Linear(d_in, d_out, use_bias=bias, kernel_init=init, bias_init=bias_init, rngs=rngs)
+
+
+class OffsetRMSNorm(nnx.Module):
+    """Gemma's RMSNorm: x / rms(x) * (1 + w) in float32, cast back to x's dtype; w starts at 0."""
+
+    def __init__(self, dim: int, eps: float, axis_name: str):
+        init = nnx.with_partitioning(nnx.initializers.zeros_init(), (axis_name,))
+        self.scale = nnx.Param(init(jax.random.key(0), (dim,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x):
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+
+
+def _norm(cfg: ModelConfig, rngs: nnx.Rngs, dim: int | None = None, axis_name: str = "embed"):
+    dim = cfg.d_model if dim is None else dim
+    if cfg.norm_offset:
+        return OffsetRMSNorm(dim, cfg.norm_eps, axis_name)
+    init = nnx.with_partitioning(nnx.initializers.ones, (axis_name,))
+    return nnx.RMSNorm(dim, epsilon=cfg.norm_eps, scale_init=init, rngs=rngs)
 
 
 class Attention(nnx.Module):
     """Grouped-query attention: n_heads query heads share n_kv_heads key/value heads,
-    so the KV cache holds only n_kv_heads."""
+    so the KV cache holds only n_kv_heads. k and v share one fused projection (`kv`)."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, layer: int, rngs: nnx.Rngs):
         self.cfg = cfg
         self.head_dim = cfg.head_dim
-        self.q = _linear(cfg.d_model, cfg.n_heads * cfg.head_dim, ("embed", "q_heads"), rngs)
-        self.kv = _linear(cfg.d_model, 2 * cfg.n_kv_heads * cfg.head_dim, ("embed", "kv_heads"), rngs)
-        self.out = _linear(cfg.n_heads * cfg.head_dim, cfg.d_model, ("q_heads", "embed"), rngs)
+        # A sliding layer's window; 0: full attention.
+        self.window = cfg.sliding_window if cfg.layer_type(layer) == SLIDING else 0
+        self.rope = cfg.layer_rope(layer)
+        q_dim, kv_dim = cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim
+        self.q = _linear(cfg.d_model, q_dim, ("embed", "q_heads"), rngs, bias=cfg.qkv_bias)
+        self.kv = _linear(cfg.d_model, kv_dim, ("embed", "kv_heads"), rngs, bias=cfg.qkv_bias)
+        self.out = _linear(q_dim, cfg.d_model, ("q_heads", "embed"), rngs)
+        if cfg.qk_norm:  # one norm over each head's features, shared by every head
+            self.q_norm = _norm(cfg, rngs, cfg.head_dim, "head_dim")
+            self.k_norm = _norm(cfg, rngs, cfg.head_dim, "head_dim")
 
     def _project(self, x, positions):
         b, t, _ = x.shape
         q = self.q(x).reshape(b, t, self.cfg.n_heads, self.head_dim)
         k, v = jnp.split(self.kv(x).reshape(b, t, 2 * self.cfg.n_kv_heads, self.head_dim), 2, axis=2)
-        return rope(q, positions, self.cfg.rope_base), rope(k, positions, self.cfg.rope_base), v
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = inverse_frequencies(self.rope, self.head_dim)
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+    def _score_divisor(self) -> float:
+        """Scores are divided by sqrt(head_dim), or by sqrt(query_pre_attn_scalar) (Gemma)."""
+        scalar = self.cfg.query_pre_attn_scalar
+        return float(np.sqrt(self.head_dim if scalar is None else scalar))
 
     def _attend(self, q, k, v, mask):
         groups = self.cfg.n_heads // self.cfg.n_kv_heads
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        if self.cfg.query_pre_attn_scalar is not None:
+            # dot_product_attention divides by sqrt(head_dim); rescale q to the configured divisor.
+            q = q * jnp.asarray(np.sqrt(self.head_dim) / self._score_divisor(), q.dtype)
         y = nnx.dot_product_attention(q, k, v, mask=mask)
         return self.out(y.reshape(y.shape[0], y.shape[1], -1))
 
@@ -70,9 +114,10 @@ class Attention(nnx.Module):
         """A chunk of P tokens per row at positions start[b] + 0..P-1, written into the
         KV cache (writes past its end are dropped). x: [B, P, d]; caches: [B, H_kv, T, D],
         heads before time so each slot's history is contiguous per head. A query sees
-        cached keys up to its own position: keys beyond it are stale (an earlier episode
-        in this slot, or chunk padding) and masked out. The query heads of a group attend
-        to their shared KV head directly (no repeated copy of the cache)."""
+        cached keys up to its own position (and, in a sliding layer, within its window):
+        keys beyond it are stale (an earlier episode in this slot, or chunk padding) and
+        masked out. The query heads of a group attend to their shared KV head directly
+        (no repeated copy of the cache)."""
         b, p, _ = x.shape
         positions = start[:, None] + jnp.arange(p)[None, :]  # [B, P]
         q, k, v = self._project(x, positions)
@@ -81,44 +126,54 @@ class Attention(nnx.Module):
         cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
         groups = self.cfg.n_heads // self.cfg.n_kv_heads
         q = q.reshape(b, p, self.cfg.n_kv_heads, groups, self.head_dim)
-        scores = jnp.einsum("bpkgd,bktd->bkgpt", q, cache_k) / jnp.sqrt(self.head_dim).astype(q.dtype)
-        visible = jnp.arange(cache_k.shape[2])[None, None, :] <= positions[:, :, None]  # [B, P, T]
+        scores = jnp.einsum("bpkgd,bktd->bkgpt", q, cache_k) / jnp.asarray(self._score_divisor(), q.dtype)
+        offset = positions[:, :, None] - jnp.arange(cache_k.shape[2])[None, None, :]  # [B, P, T]: q - k
+        visible = (offset >= 0) & (offset < self.window) if self.window else offset >= 0
         scores = jnp.where(visible[:, None, None], scores, jnp.finfo(scores.dtype).min)
         y = jnp.einsum("bkgpt,bktd->bpkgd", jax.nn.softmax(scores, axis=-1), cache_v)
         return self.out(y.reshape(b, p, -1)), cache_k, cache_v
 
 
 class MLP(nnx.Module):
-    """SwiGLU feed-forward."""
+    """Gated feed-forward: SwiGLU, or GeGLU with the tanh-approximated GELU (Gemma)."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.activation = cfg.activation
         self.gate = _linear(cfg.d_model, cfg.mlp_dim, ("embed", "mlp"), rngs)
         self.up = _linear(cfg.d_model, cfg.mlp_dim, ("embed", "mlp"), rngs)
         self.down = _linear(cfg.mlp_dim, cfg.d_model, ("mlp", "embed"), rngs)
 
     def __call__(self, x):
-        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
-
-
-def _rms_norm(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.RMSNorm:
-    return nnx.RMSNorm(cfg.d_model, scale_init=nnx.with_partitioning(nnx.initializers.ones, ("embed",)), rngs=rngs)
+        gate = self.gate(x)
+        gate = jax.nn.silu(gate) if self.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+        return self.down(gate * self.up(x))
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.attn_norm = _rms_norm(cfg, rngs)
-        self.attn = Attention(cfg, rngs)
-        self.mlp_norm = _rms_norm(cfg, rngs)
+    def __init__(self, cfg: ModelConfig, layer: int, rngs: nnx.Rngs):
+        self.attn_norm = _norm(cfg, rngs)
+        self.attn = Attention(cfg, layer, rngs)
+        self.mlp_norm = _norm(cfg, rngs)
         self.mlp = MLP(cfg, rngs)
+        self.sandwich = cfg.sandwich_norms
+        if cfg.sandwich_norms:  # Gemma: each sub-layer's output is normed before the residual add
+            self.post_attn_norm = _norm(cfg, rngs)
+            self.post_mlp_norm = _norm(cfg, rngs)
+
+    def _residual_mlp(self, x):
+        h = self.mlp(self.mlp_norm(x))
+        return x + (self.post_mlp_norm(h) if self.sandwich else h)
+
+    def _residual_attn(self, x, h):
+        return x + (self.post_attn_norm(h) if self.sandwich else h)
 
     def __call__(self, x, positions, mask):
-        x = x + self.attn(self.attn_norm(x), positions, mask)
-        return x + self.mlp(self.mlp_norm(x))
+        x = self._residual_attn(x, self.attn(self.attn_norm(x), positions, mask))
+        return self._residual_mlp(x)
 
     def decode(self, x, start, cache_k, cache_v):
         h, cache_k, cache_v = self.attn.decode(self.attn_norm(x), start, cache_k, cache_v)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), cache_k, cache_v
+        return self._residual_mlp(self._residual_attn(x, h)), cache_k, cache_v
 
 
 class Transformer(nnx.Module):
@@ -129,29 +184,43 @@ class Transformer(nnx.Module):
             nnx.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0), ("vocab", "embed")
         )
         self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
-        self.final_norm = _rms_norm(cfg, rngs)
+        self.blocks = nnx.List([Block(cfg, i, rngs) for i in range(cfg.n_layers)])
+        self.final_norm = _norm(cfg, rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = _linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs)
+
+    def _embed(self, tokens):
+        x = self.embed(tokens)
+        if self.cfg.embed_scale:
+            # As HF's Gemma: sqrt(d_model) rounded to float32, then to the embedding's dtype.
+            x = x * jnp.asarray(np.float32(self.cfg.d_model**0.5), x.dtype)
+        return x
+
+    def _logits(self, x):
+        x = self.final_norm(x)
+        logits = self.embed.attend(x) if self.cfg.tie_embeddings else self.lm_head(x)
+        return logits.astype(jnp.float32)
 
     def __call__(self, tokens, segment_ids, positions):
         """tokens, segment_ids, positions: int [B, T] -> logits float32 [B, T, vocab]."""
         mask = segment_causal_mask(segment_ids)
-        x = self.embed(tokens)
+        sliding = mask & window_mask(positions, self.cfg.sliding_window) if self.cfg.sliding_window else mask
+        x = self._embed(tokens)
         for block in self.blocks:
-            x = block(x, positions, mask)
-        return self.embed.attend(self.final_norm(x)).astype(jnp.float32)
+            x = block(x, positions, sliding if block.attn.window else mask)
+        return self._logits(x)
 
     def decode(self, tokens, start, cache):
         """KV-cached chunk step: tokens int [B, P] at positions start[b] + 0..P-1;
         cache: a tuple with one (k, v) pair per layer, each [B, H_kv, T, D] (per-layer
         arrays, so a donated cache is updated in place, not re-stacked every step).
         Returns (logits [B, P, vocab], cache)."""
-        x = self.embed(tokens)
+        x = self._embed(tokens)
         new_cache = []
         for block, (k, v) in zip(self.blocks, cache):
             x, k, v = block.decode(x, start, k, v)
             new_cache.append((k, v))
-        logits = self.embed.attend(self.final_norm(x)).astype(jnp.float32)
-        return logits, tuple(new_cache)
+        return self._logits(x), tuple(new_cache)
 
     def init_cache(self, batch: int, length: int, dtype=jnp.float32):
         shape = (batch, self.cfg.n_kv_heads, length, self.cfg.head_dim)
@@ -172,6 +241,13 @@ def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
     them on a mesh when there is one (eager sharding would demand a mesh here)."""
     with nnx.use_eager_sharding(False):
         return Transformer(cfg, nnx.Rngs(seed))
+
+
+def abstract_model(cfg: ModelConfig) -> Transformer:
+    """The model's structure, shapes and axis annotations with no arrays allocated: the
+    skeleton a checkpoint's weights are loaded into."""
+    with nnx.use_eager_sharding(False):
+        return nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
 
 
 def split_params(model: Transformer):

@@ -1,0 +1,68 @@
+"""`agentic-rl export`: a published policy version as a Hugging Face checkpoint directory.
+
+    agentic-rl export --store STORE [--version V] --out DIR
+
+Writes config.json, model.safetensors, generation_config.json and the tokenizer files
+(copied from the checkpoint the policy was trained from; the byte tokenizer has none), so
+`transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+from pathlib import Path
+
+from core import config
+from core.config import knob
+from core.contracts.store import StoreError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportConfig:
+    store: str = knob(help="policy store root: a directory or gs://…")
+    version: int | None = knob(None, "the version to export (unset: LATEST)")
+    out: str = knob(help="the checkpoint directory to write (created; existing files are overwritten)")
+
+    def __post_init__(self):
+        if self.version is not None and self.version < 0:
+            raise ValueError(f"version must be >= 0, got {self.version}")
+
+
+def run(cfg: ExportConfig) -> dict:
+    from core.policy.hf_export import export_checkpoint
+    from core.policy.sources import STORE_PREFIX, load_policy
+
+    spec = f"{STORE_PREFIX}{cfg.store}" + ("" if cfg.version is None else f"@{cfg.version}")
+    policy = load_policy(spec)
+    tok = policy.tokenizer
+    out = export_checkpoint(cfg.out, policy.cfg, policy.model, bos_token_id=tok.bos_id, eos_token_id=_eos(tok))
+    copied = []
+    for src in map(Path, tok.files()):  # at the same place in the new directory as in the old
+        rel = src.relative_to(policy.tokenizer_source)
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, out / rel)
+        copied.append(str(rel))
+    return {"out": str(out), "version": policy.version, "tokenizer_files": copied}
+
+
+def _eos(tok):
+    ids = list(tok.eos_ids)
+    return None if not ids else ids[0] if len(ids) == 1 else ids
+
+
+def main(argv=None) -> int:
+    cfg = config.parse(ExportConfig, argv, description=__doc__, prog="agentic-rl export")
+    try:
+        result = run(cfg)
+    except (ValueError, OSError, StoreError) as e:
+        print(f"agentic-rl export: {e}", file=sys.stderr)
+        return 2
+    files = ", ".join(result["tokenizer_files"]) or "none (byte tokenizer)"
+    print(f"exported version {result['version']} to {result['out']}; tokenizer files: {files}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
