@@ -140,7 +140,9 @@ def test_cpu_loop_hits_the_cpu_limit():
 @pytest.mark.timeout(30)
 def test_sleep_hits_the_wall_clock_limit():
     r = run_python("import time\ntime.sleep(1000)", limits=SandboxLimits(wall_seconds=1))
-    assert r.status == "timeout" and r.timed_out and 1 <= r.wall_s < 3
+    # Killed at the limit, not at the end of the sleep; the margin is for a loaded machine
+    # (3.2 s was seen with the whole suite running on two cores).
+    assert r.status == "timeout" and r.timed_out and 1 <= r.wall_s < 10
     assert_healthy()
 
 

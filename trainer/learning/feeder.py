@@ -155,9 +155,11 @@ class TrajectoryCredits:
                     del self._open[rid]
             self._cond.notify_all()
 
-    def expire(self, timeout_s: float | None = None) -> list[RolloutRequest]:
+    def expire(self, timeout_s: float | None = None, requeue=None) -> list[RolloutRequest]:
         """Requests open for longer than `timeout_s` (default: request_timeout_s): written off
-        (their credits back) and returned, to be redone."""
+        (their credits back) and returned, to be redone. `requeue(requests)` runs before the
+        credits can be taken again, so a waiting feeder spends them on the redo, not on a new
+        prompt."""
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         if timeout_s is None:
             return []
@@ -167,6 +169,8 @@ class TrajectoryCredits:
                 if now - opened_at > timeout_s:
                     self._write_off(rid, left)
                     out.append(request)
+            if out and requeue is not None:
+                requeue(out)
             self._cond.notify_all()
         return out
 
@@ -232,11 +236,10 @@ class Feeder(threading.Thread):
     def redo_timed_out(self) -> int:
         """Writes off requests older than the credits' request_timeout_s and queues their tasks
         again; the number of requests written off."""
-        expired = self.credits.expire()
+        expired = self.credits.expire(requeue=lambda reqs: self._redo.extend(r.task for r in reqs))
         for req in expired:
             timeout_s = self.credits.request_timeout_s
             log.warning("request %s not back after %.0f s: written off, asked again", req.request_id, timeout_s)
-            self._redo.append(req.task)
         return len(expired)
 
     def run(self) -> None:
