@@ -12,7 +12,7 @@ ratio.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -27,6 +27,8 @@ from _learner_common import make_records
 from _report import print_table
 from _rollout_decode import engine_throughput
 
+from core import config
+from core.config import knob
 from core.policy.config import ModelConfig
 from core.policy.hf_config import config_from_hf
 from core.policy.model import init_model, split_params
@@ -81,13 +83,16 @@ class Subject:
             self.step_ms.append((time.perf_counter() - t0) * 1000)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelsBenchConfig:
+    rounds: int = knob(3, "alternating rounds per model")
+    slots: int = knob(32, "engine slots, all busy")
+    new_tokens: int = knob(32, "tokens each slot generates per round")
+    steps: int = knob(10, "learner steps per round")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per model")
-    p.add_argument("--slots", type=int, default=32, help="engine slots, all busy")
-    p.add_argument("--new_tokens", type=int, default=32, help="tokens each slot generates per round")
-    p.add_argument("--steps", type=int, default=10, help="learner steps per round")
-    args = p.parse_args(argv)
+    args = config.parse(ModelsBenchConfig, argv, description=__doc__)
     records = make_records(0, 8, ROWS, SEQ)
     subjects = [Subject("built-in (byte)", ModelConfig(), args.slots, records)]
     subjects.append(Subject("Qwen2 (hf_config)", tiny_qwen2(), args.slots, records))

@@ -18,7 +18,7 @@ from flax import nnx
 
 from core.contracts.store import PolicyStore
 from core.policy.config import ModelConfig, check_vocab
-from core.policy.model import Transformer, abstract_tree, init_model, split_params
+from core.policy.model import Transformer, abstract_model, abstract_tree
 from core.policy.tokenizer import Tokenizer, load_tokenizer
 
 STORE_PREFIX = "store:"
@@ -84,8 +84,7 @@ def _from_store(root: str, version: int | None) -> Policy:
     tokenizer_source = meta.get("tokenizer", BYTE)
     tok = load_tokenizer(tokenizer_source)
     check_vocab(cfg, tok.vocab_size)
-    model = init_model(cfg)
-    graphdef, params = split_params(model)
-    loaded = store.load(version, abstract_tree(nnx.to_pure_dict(params)))
-    nnx.replace_by_pure_dict(params, loaded)
-    return Policy(cfg, nnx.merge(graphdef, params), tok, f"{STORE_PREFIX}{root}@{version}", version, tokenizer_source)
+    graphdef, state = nnx.split(abstract_model(cfg))  # shapes only: the store has the weights
+    loaded = store.load(version, abstract_tree(nnx.to_pure_dict(state)))
+    nnx.replace_by_pure_dict(state, loaded)
+    return Policy(cfg, nnx.merge(graphdef, state), tok, f"{STORE_PREFIX}{root}@{version}", version, tokenizer_source)
