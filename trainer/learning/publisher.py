@@ -7,6 +7,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from core.contracts.store import PolicyStore
+from core.policy.sources import policy_metadata
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.learner import Learner
 
@@ -63,7 +64,7 @@ class PolicyPublisher:
         self.version += 1
         params = host_params(self.learner)
         if self.is_primary:
-            metadata = {"model_config": self.learner.model_cfg.to_dict(), "step": self.learner.steps}
+            metadata = policy_metadata(self.learner.model_cfg, step=self.learner.steps)
             self.store.publish(self.version, params, metadata, dtype=self.dtype)
             self.store.gc(self.keep_versions)
         self.published.append(self.version)
