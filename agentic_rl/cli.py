@@ -26,6 +26,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "generate": ("agentic_rl.generate", "sample from a Hugging Face checkpoint or a published policy version"),
     "export": ("agentic_rl.export", "a published policy version as a Hugging Face checkpoint directory"),
+    "tiny-checkpoint": (
+        "agentic_rl.tiny_checkpoint",
+        "a tiny random Hugging Face checkpoint of one family (qwen2, qwen3, llama3, gemma3) to train",
+    ),
 }
 
 

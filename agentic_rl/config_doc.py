@@ -19,6 +19,7 @@ CONFIGS = {
     "vertex": "trainer.cloud.vertex:VertexJobConfig",
     "generate": "agentic_rl.generate:GenerateConfig",
     "export": "agentic_rl.export:ExportConfig",
+    "tiny-checkpoint": "agentic_rl.tiny_checkpoint:TinyCheckpointConfig",
 }
 PATH = Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md"
 

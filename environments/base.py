@@ -110,4 +110,11 @@ class Environment(abc.ABC):
 
     @abc.abstractmethod
     async def step(self, action_text: str) -> StepResult:
-        """Apply one model turn (raw generated text) and return its result."""
+        """Apply one model turn and return its result. The turn is the raw generated text,
+        or, when the model writes its own chat format's tool calls, the `Action` parsed
+        from them (environments/tool_calls.py; `ToolEnvironment` takes both)."""
+
+    def tools(self) -> list[dict]:
+        """The environment's tools as JSON schemas in Hugging Face's `tools` format, for a
+        chat template's tool block; none by default (text in, text out only)."""
+        return []

@@ -108,6 +108,9 @@ def parse_int_answer(text: str) -> int | None:
 class CalculatorEnv(ToolEnvironment):
     name = "calculator"
     tool_name = TOOL_NAME
+    tool_description = "Evaluate integer arithmetic with + - * // % and parentheses."
+    tool_argument = "expression"
+    tool_argument_description = "the expression, e.g. 12*7"
 
     def __init__(self, config: CalculatorConfig | None = None) -> None:
         super().__init__(config or CalculatorConfig())

@@ -87,6 +87,9 @@ os._exit(0)
 class CodeEnv(ToolEnvironment):
     name = "code"
     tool_name = TOOL_NAME
+    tool_description = "Run Python code in a sandbox and show what it prints."
+    tool_argument = "code"
+    tool_argument_description = "the Python source to run"
 
     def __init__(self, config: CodeConfig | None = None) -> None:
         super().__init__(config or CodeConfig())

@@ -75,6 +75,9 @@ def guesses_needed(width: int) -> int:
 class GuessEnv(ToolEnvironment):
     name = "guess"
     tool_name = TOOL_NAME
+    tool_description = "Guess the secret number: the reply is higher, lower or correct."
+    tool_argument = "number"
+    tool_argument_description = "the guess, an integer in the task's range"
 
     def __init__(self, config: GuessConfig | None = None) -> None:
         super().__init__(config or GuessConfig())

@@ -4,8 +4,12 @@ Each turn the model either calls the environment's tool (`<call NAME>ARGS</call>
 gives a final answer (`<answer>TEXT</answer>`). This base class parses the action, turns
 malformed or unknown calls into counted error observations, waits out the injected tool
 latency, counts turns and ends the episode as finished or truncated. A concrete
-environment only says what its tool does (`call_tool`) and how an answer scores
-(`score_answer`).
+environment only says what its tool does (`call_tool`), how an answer scores
+(`score_answer`), and describes its tool (`tool_description`, `tool_argument`,
+`tool_argument_description`) for a chat template's tool block (`tools()`).
+
+`step` takes the model's raw text, or an `Action` a chat format already parsed from the
+model's native tool-call syntax (core/policy/chat_format.py): both count the same way.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ from __future__ import annotations
 import asyncio
 
 from environments.base import Environment, EpisodeStatus, StepResult, Task
-from environments.tool_calls import FinalAnswer, Malformed, ToolCall, format_error, parse_action
+from environments.tool_calls import Action, FinalAnswer, Malformed, ToolCall, format_error, parse_action
 
 
 class ToolEnvironment(Environment):
     tool_name: str = ""
+    tool_description: str = ""
+    tool_argument: str = "input"  # the name of the tool's one (string) argument
+    tool_argument_description: str = ""
 
     def __init__(self, config) -> None:
         self.config = config  # needs .max_turns and .tool_latency
@@ -49,12 +56,19 @@ class ToolEnvironment(Environment):
     async def score_answer(self, text: str) -> float:
         raise NotImplementedError
 
-    async def step(self, action_text: str) -> StepResult:
+    def tools(self) -> list[dict]:
+        argument = {"type": "string", "description": self.tool_argument_description}
+        parameters = {"type": "object", "properties": {self.tool_argument: argument}, "required": [self.tool_argument]}
+        function = {"name": self.tool_name, "description": self.tool_description, "parameters": parameters}
+        return [{"type": "function", "function": function}]
+
+    async def step(self, action_text: str | Action) -> StepResult:
         if self._task is None or self._done:
             raise RuntimeError("step() called before reset() or after the episode ended")
         self._turns += 1
         self._info["turns"] = self._turns
-        action = parse_action(action_text)
+        parsed = isinstance(action_text, (ToolCall, FinalAnswer, Malformed))  # by a native chat format
+        action = action_text if parsed else parse_action(action_text)
         reward, done, obs = 0.0, False, ""
         if isinstance(action, FinalAnswer):
             reward, done = await self.score_answer(action.text), True

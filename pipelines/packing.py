@@ -13,7 +13,7 @@ import numpy as np
 
 from core.contracts.record_shape import RecordShape
 from core.contracts.records import PackedRecord, TrajectoryInfo, empty_record_arrays
-from core.contracts.trajectory import Trajectory
+from core.contracts.trajectory import Trajectory, token_digest
 
 
 def first_fit_decreasing(
@@ -85,7 +85,8 @@ def build_record(trajectories: list[Trajectory], rows: list[list[int]], shape: R
             a["behaviour_logprobs"][r, start:end] = np.where(t.loss_mask == 1, t.behaviour_logprobs, 0.0)
             a["advantages"][r, start:end] = np.where(t.loss_mask == 1, t.advantage, 0.0)
             a["policy_versions"][r, start:end] = np.where(t.loss_mask == 1, t.policy_versions, -1)
-            infos.append(TrajectoryInfo(t.trajectory_id, r, seg, len(t), float(t.reward), t.status))
+            digest = t.sampled_digest or token_digest(t.tokens, t.loss_mask)
+            infos.append(TrajectoryInfo(t.trajectory_id, r, seg, len(t), float(t.reward), t.status, digest))
             start = end
     # Same trajectories -> same id, so a re-packed redelivery is recognisably a duplicate.
     record_id = hashlib.sha1("|".join(sorted(i.trajectory_id for i in infos)).encode()).hexdigest()[:24]

@@ -22,7 +22,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.sampling import Sampler
+from core.policy.tokenizer import BYTE_TOKENIZER
 
 
 @dataclasses.dataclass(eq=False)
@@ -59,9 +61,15 @@ class _Job:
 
 class InferenceEngine:
     def __init__(
-        self, sampler: Sampler, policy_source: Callable[[], tuple[object, int]], max_tokens: int | None = None
+        self,
+        sampler: Sampler,
+        policy_source: Callable[[], tuple[object, int]],
+        max_tokens: int | None = None,
+        chat_format: ChatFormat | None = None,
     ):
         self.sampler = sampler
+        # How episodes on this engine turn text into the model's tokens and back: the model's.
+        self.chat_format = chat_format or chat_format_for(BYTE_TOKENIZER)
         self.policy_source = policy_source  # () -> (params, version); cheap, called every step
         self.max_tokens = min(max_tokens or sampler.length, sampler.length)
         self._owner: list[Sequence | None] = [None] * sampler.slots

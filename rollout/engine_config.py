@@ -13,6 +13,7 @@ import math
 from core.config import derived, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy.config import MODEL_CONFIGS
+from core.policy.sources import MODEL_HELP
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from rollout.episodes import EpisodeLimits
 
@@ -25,7 +26,14 @@ class EngineConfig:
 
     policy_root: str | None = derived(None, "the policy store; from the job's --policy_root")
     model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
+    model: str | None = knob(None, MODEL_HELP)
     slots: int = knob(64, "KV-cache slots of the per-process inference engine", flag="engine_slots")
+    prefill: int = knob(
+        16,
+        "tokens each slot is fed per catch-up step (prompts, observations); a chat template's long "
+        "prompts go faster with more (two widths compile: 1 and this)",
+        flag="engine_prefill",
+    )
     max_concurrent_groups: int = knob(16, "requests (groups of G episodes) in flight per worker process")
     commit_interval_s: float = knob(0.2, "how often finished groups are committed downstream")
     request_shards: int = knob(4, "keys that requests are spread over (state and timers are per key)")
@@ -55,7 +63,14 @@ class EngineConfig:
             raise ValueError("policy_root must name the policy store")
         if self.model_config not in MODEL_CONFIGS:
             raise ValueError(f"model_config must be one of {sorted(MODEL_CONFIGS)}, got {self.model_config!r}")
-        for name in ("slots", "max_concurrent_groups", "request_shards", "max_new_tokens_per_turn", "max_tokens"):
+        for name in (
+            "slots",
+            "prefill",
+            "max_concurrent_groups",
+            "request_shards",
+            "max_new_tokens_per_turn",
+            "max_tokens",
+        ):
             v = getattr(self, name)
             if type(v) is not int or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")

@@ -4,6 +4,11 @@ An episode alternates model turns (`engine.generate`) and environment steps; the
 episodes of a group run concurrently, and so do groups: while one waits on a tool the
 engine decodes for the others. Group-relative advantages are computed once every
 episode of the group has ended.
+
+Token in, token out: the engine's chat format (core/policy/chat_format.py: the byte
+format, or the checkpoint's chat template and tool-call syntax) turns the prompt and each
+observation into tokens that are appended; the model's sampled tokens are kept as they
+were sampled and only parsed, never re-tokenised, so the learner trains on exactly them.
 """
 
 from __future__ import annotations
@@ -15,12 +20,10 @@ import time
 import numpy as np
 
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
-from core.contracts.trajectory import Trajectory
-from core.policy import tokenizer
+from core.contracts.trajectory import Trajectory, token_digest
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from core.telemetry import trace
 from environments import Environment, EpisodeStatus, StepResult, Task
-from environments.tool_calls import TURN_STOP_STRINGS
 from rollout.engine import InferenceEngine, Sequence
 
 
@@ -46,13 +49,6 @@ class _Outcome:
     env_latency_s: float = 0.0
     turns: int = 0
     info: dict = dataclasses.field(default_factory=dict)  # the environment's last step info
-
-
-def end_of_turn(generated: list[int]) -> bool:
-    if generated and generated[-1] == tokenizer.EOS:
-        return True
-    text = tokenizer.decode(generated[-16:])
-    return any(text.endswith(s) for s in TURN_STOP_STRINGS)
 
 
 async def run_episode(
@@ -110,18 +106,21 @@ _STATUSES = {s.value for s in EpisodeStatus}
 
 async def _run_episode(engine, env, task, limits, tracer, lane) -> _Outcome:
     deadline = time.monotonic() + limits.episode_timeout_s
-    prompt = tokenizer.encode(await _reset(env, task, limits))
-    out = _Outcome(Sequence.start([tokenizer.BOS] + prompt[: limits.max_tokens - 2]))
+    fmt, tools = engine.chat_format, env.tools()
+    prompt = fmt.prompt_ids(await _reset(env, task, limits), tools)
+    out = _Outcome(Sequence.start(prompt[: limits.max_tokens - 1]))  # room for one generated token
     seq = out.seq
     try:
         while True:
             turn_start = len(seq.tokens)
             with tracer.span("model turn", lane):
-                await engine.generate(seq, limits.max_new_tokens_per_turn, end_of_turn)
+                await engine.generate(seq, limits.max_new_tokens_per_turn, fmt.is_turn_end)
             if len(seq.tokens) >= limits.max_tokens:
                 out.status = EpisodeStatus.TRUNCATED.value
                 return out
-            action = tokenizer.decode(seq.tokens[turn_start:])
+            action = fmt.env_action(seq.tokens[turn_start:], tools)
+            if not tools and not isinstance(action, str):  # a text-only environment gets the turn's text
+                action = fmt.tokenizer.decode(seq.tokens[turn_start:])
             with tracer.span("tool call", lane):
                 result = await _env_step(env, action, out, limits, deadline)
             if result is None:
@@ -132,7 +131,7 @@ async def _run_episode(engine, env, task, limits, tracer, lane) -> _Outcome:
                 status = result.info.get("status") or EpisodeStatus.FINISHED
                 out.status = getattr(status, "value", str(status))
                 return out
-            obs = tokenizer.encode(result.observation)
+            obs = fmt.observation_ids(result.observation)
             room = limits.max_tokens - len(seq.tokens) - 1  # keep room for one generated token
             seq.extend_env(obs[: max(room, 0)])
             if len(obs) > room:
@@ -171,20 +170,26 @@ async def run_group(
     advantages = ADVANTAGE_ESTIMATORS[advantage_estimator]([o.reward for o in outcomes])
     finished_at = time.time()
     return [
-        Trajectory(
-            trajectory_id=f"{request_id}/{i}",
-            request_id=request_id,
-            task_id=task.task_id,
-            tokens=np.asarray(o.seq.tokens, np.int32),
-            loss_mask=np.asarray(o.seq.loss_mask, np.uint8),
-            behaviour_logprobs=np.asarray(o.seq.logprobs, np.float32),
-            policy_versions=np.asarray(o.seq.versions, np.int32),
-            reward=o.reward,
-            status=o.status,
-            advantage=float(advantages[i]),
-            env_latency_s=o.env_latency_s,
-            num_turns=o.turns,
-            finished_at=finished_at,
-        )
+        _trajectory(o, f"{request_id}/{i}", request_id, task, float(advantages[i]), finished_at)
         for i, o in enumerate(outcomes)
     ]
+
+
+def _trajectory(o: _Outcome, trajectory_id: str, request_id: str, task: Task, advantage: float, finished_at: float):
+    tokens, mask = np.asarray(o.seq.tokens, np.int32), np.asarray(o.seq.loss_mask, np.uint8)
+    return Trajectory(
+        trajectory_id=trajectory_id,
+        request_id=request_id,
+        task_id=task.task_id,
+        tokens=tokens,
+        loss_mask=mask,
+        behaviour_logprobs=np.asarray(o.seq.logprobs, np.float32),
+        policy_versions=np.asarray(o.seq.versions, np.int32),
+        reward=o.reward,
+        status=o.status,
+        advantage=advantage,
+        env_latency_s=o.env_latency_s,
+        num_turns=o.turns,
+        finished_at=finished_at,
+        sampled_digest=token_digest(tokens, mask),
+    )

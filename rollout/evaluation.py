@@ -49,10 +49,17 @@ async def _episodes(engine, env_name: str, env_config: dict, tasks, limits: Epis
 
 
 def evaluate(
-    params, sampler: Sampler, env_name: str, tasks, limits: EpisodeLimits, env_config: dict | None = None
+    params,
+    sampler: Sampler,
+    env_name: str,
+    tasks,
+    limits: EpisodeLimits,
+    env_config: dict | None = None,
+    chat_format=None,
 ) -> dict:
-    """The summary of one episode per task under `params` (sampler.greedy picks the mode)."""
-    engine = InferenceEngine(sampler, lambda: (params, 0), limits.max_tokens)
+    """The summary of one episode per task under `params` (sampler.greedy picks the mode),
+    in the model's chat format (default: the byte format)."""
+    engine = InferenceEngine(sampler, lambda: (params, 0), limits.max_tokens, chat_format)
     t0 = time.monotonic()
     outcomes = asyncio.run(_episodes(engine, env_name, dict(env_config or {}), tasks, limits))
     return {**summarize(outcomes), "eval_s": round(time.monotonic() - t0, 2)}

@@ -27,16 +27,16 @@ import sys
 import time
 from pathlib import Path
 
-from flax import nnx
-
 import environments
 from core import config
 from core.config import knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.store import PolicyStore, StoreError
-from core.policy.config import MODEL_CONFIGS, model_config
-from core.policy.model import abstract_tree
+from core.policy.chat_format import chat_format_for
+from core.policy.config import MODEL_CONFIGS
 from core.policy.sampling import Sampler
+from core.policy.sources import MODEL_HELP, policy_spec
+from core.policy.versions import VersionLoader, base_params
 from core.telemetry import scalars, trace
 from rollout.episodes import EpisodeLimits
 from rollout.evaluation import MODES, evaluate
@@ -57,6 +57,7 @@ class EvaluatorConfig:
     data_dir: str | None = knob(None, "read the test split from the environment's TFDS dataset")
     modes: str = knob(",".join(MODES), f"comma-separated, from {MODES}")
     model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
+    model: str | None = knob(None, MODEL_HELP)
     max_tokens: int = knob(DEFAULT_MAX_TRAJECTORY_LEN, "episode length cap (the layout's max_trajectory_len)")
     max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate")
     slots: int = knob(64, "episodes decoded at once")
@@ -110,11 +111,12 @@ def _run(args, writer, tracer) -> list[dict]:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         raise SystemExit(f"--modes must name some of {MODES}, got {args.modes!r}")
-    cfg = model_config(args.model_config)
+    spec = policy_spec(args.model, args.model_config)
     tasks = held_out_tasks(args)
     limits = EpisodeLimits(max_new_tokens_per_turn=args.max_new_tokens_per_turn, max_tokens=args.max_tokens)
-    samplers = {m: Sampler(cfg, args.slots, args.max_tokens, seed=args.seed, greedy=m == "greedy") for m in modes}
-    store, target = PolicyStore(args.policy_root), abstract_tree(nnx.to_pure_dict(samplers[modes[0]].abstract_params))
+    samplers = {m: Sampler(spec.cfg, args.slots, args.max_tokens, seed=args.seed, greedy=m == "greedy") for m in modes}
+    store, fmt = PolicyStore(args.policy_root), chat_format_for(spec.tokenizer)
+    loader = VersionLoader(store, spec.cfg, samplers[modes[0]].abstract_params, base_params(spec.checkpoint))
     out, rows, done, skipped = Path(args.out), [], -1, 0
     out.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.timeout_s
@@ -134,7 +136,7 @@ def _run(args, writer, tracer) -> list[dict]:
         skipped += len(versions) - 1
         try:
             with tracer.span("load policy", "evaluator", version=version):
-                params, meta = store.load(version, target), store.read_metadata(version)
+                params, meta = loader.load(version)
         except StoreError as e:  # gc'ed meanwhile, or being written: try the next poll
             log.warning("cannot load version %d: %s", version, e)
             time.sleep(args.poll_s)
@@ -149,7 +151,7 @@ def _run(args, writer, tracer) -> list[dict]:
                 "skipped_versions": skipped,
             }
             with tracer.span("evaluate", "evaluator", version=version, mode=mode) as span:
-                row.update(evaluate(params, samplers[mode], args.env, tasks, limits, args.env_config))
+                row.update(evaluate(params, samplers[mode], args.env, tasks, limits, args.env_config, fmt))
                 span.args["success"] = row["success"]
             rows.append(row)
             # Step: the learner step that published the version, so eval/ lines up with losses/.

@@ -13,11 +13,10 @@ import logging
 import threading
 import time
 
-import jax
 from flax import nnx
 
 from core.contracts.store import PolicyStore, StoreError
-from core.policy.model import abstract_tree
+from core.policy.versions import VersionLoader
 from core.telemetry import trace
 
 log = logging.getLogger(__name__)
@@ -29,13 +28,15 @@ class PolicyHandle:
         store: PolicyStore,
         template_params: nnx.State,
         poll_interval_s: float = 1.0,
-        clock=time.monotonic,
         tracer=trace.NULL,
+        loader: VersionLoader | None = None,
+        clock=time.monotonic,
     ):
+        """loader: how a version becomes params (a LoRA adapter is merged into the base);
+        default: whole-model versions of the template's shapes."""
         self.store, self.tracer = store, tracer
         self.poll_interval_s = poll_interval_s
-        self._template = template_params
-        self._target = abstract_tree(nnx.to_pure_dict(template_params))
+        self._loader = loader or VersionLoader(store, None, template_params)
         self._clock = clock
         self._last_poll = float("-inf")
         self.current: tuple[nnx.State, int] | None = None  # swapped as one reference
@@ -82,14 +83,12 @@ class PolicyHandle:
             if latest is None or (self.version is not None and latest <= self.version):
                 return False
             with self.tracer.span("policy reload", "policy", version=latest):
-                loaded = self.store.load(latest, self._target)
+                state, _ = self._loader.load(latest)
         except StoreError as e:
             self.failed_loads += 1
             self.tracer.instant("policy reload failed", "policy", error=str(e)[:200])
             log.warning("policy reload failed, keeping version %s: %s", self.version, e)
             return False
-        state = jax.tree.map(lambda x: x, self._template)  # fresh container, same structure
-        nnx.replace_by_pure_dict(state, loaded)
         self.current = (state, latest)
         self.reloads += 1
         return True

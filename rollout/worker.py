@@ -12,8 +12,10 @@ import time
 
 import environments
 from core.contracts.store import PolicyStore
-from core.policy.config import model_config
+from core.policy.chat_format import chat_format_for
 from core.policy.sampling import Sampler
+from core.policy.sources import policy_spec
+from core.policy.versions import VersionLoader, base_params
 from core.telemetry import trace
 from rollout.engine import InferenceEngine
 from rollout.engine_config import EngineConfig
@@ -33,14 +35,18 @@ class RolloutWorker:
         self.telemetry = install(make_telemetry(cfg.logdir, cfg.trace_dir, cfg.telemetry_every_s))
         self.tracer = trace.install(self.telemetry.tracer)
         self.groups_in_flight = self.episodes_in_flight = 0
-        self.sampler = Sampler(model_config(cfg.model_config), slots=cfg.slots, length=cfg.max_tokens)
+        spec = policy_spec(cfg.model, cfg.model_config)  # the learner's --model: same config and tokenizer
+        self.sampler = Sampler(spec.cfg, slots=cfg.slots, length=cfg.max_tokens, prefill=cfg.prefill)
         store = PolicyStore(cfg.policy_root)
-        self.policy = PolicyHandle(store, self.sampler.abstract_params, cfg.policy_poll_s, tracer=self.tracer)
+        loader = VersionLoader(store, spec.cfg, self.sampler.abstract_params, base_params(spec.checkpoint))
+        self.policy = PolicyHandle(store, self.sampler.abstract_params, cfg.policy_poll_s, self.tracer, loader)
         self.policy.wait_for_first(cfg.policy_wait_s)
         with self.tracer.span("compile", "worker"):
             self.sampler.warmup(self.policy.params)  # compile before the first episode
         self.policy.start_polling()
-        self.engine = InferenceEngine(self.sampler, lambda: self.policy.current, cfg.max_tokens)
+        self.engine = InferenceEngine(
+            self.sampler, lambda: self.policy.current, cfg.max_tokens, chat_format_for(spec.tokenizer)
+        )
         self.telemetry.source = self.gauges
         self.telemetry.start()
         log.info("rollout worker ready: %d slots, policy version %d", cfg.slots, self.policy.version)

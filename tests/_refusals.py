@@ -119,11 +119,13 @@ def _learner(argv, events):
     """trainer.task.run, up to starting the feeder thread; the model, the warm start, the
     policy publish and the records subscription are recorded, not made."""
 
-    def learner(model_cfg, cfg, mesh):
+    def learner(model_cfg, cfg, mesh, model=None):
         events.append("model built")
-        return types.SimpleNamespace(cfg=cfg, params={}, graphdef=None, mesh=mesh, set_reference=lambda p: None)
+        return types.SimpleNamespace(
+            cfg=cfg, params={}, graphdef=None, frozen=None, mesh=mesh, set_reference=lambda p: None
+        )
 
-    def warm_start(graphdef, params, env, demos, cfg):
+    def warm_start(graphdef, params, env, demos, cfg, fmt=None, frozen=None):
         events.append("warm start")
         return params, [0.0]
 

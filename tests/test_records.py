@@ -1,5 +1,6 @@
 """Packed-record schema: round trips, and strict, clear rejection of bad input."""
 
+import dataclasses
 import json
 import struct
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from core.contracts import records as R
 from core.contracts.records import PackedRecord, TrajectoryInfo
+from core.contracts.trajectory import token_digest
 
 
 @settings(max_examples=150, deadline=None)
@@ -189,3 +191,41 @@ def test_rejects_too_large_message():
     # 32 x 8192 elements at 22 bytes each is ~5.8 MB, over the 4 MB cap.
     rec = PackedRecord("big", trajectories=[], **R.empty_record_arrays(32, 8192))
     raises(r"over MAX_MESSAGE_BYTES", R.encode, rec)
+
+
+def _with_digests(rec):
+    """The record with every trajectory's digest of what it holds (as the packer writes it)."""
+    arrays = rec.arrays()
+    rec.trajectories = [
+        dataclasses.replace(
+            t, digest=token_digest(R.segment_of(arrays, t, "tokens"), R.segment_of(arrays, t, "loss_mask"))
+        )
+        for t in rec.trajectories
+    ]
+    return rec
+
+
+def test_a_token_or_mask_changed_after_sampling_is_refused_naming_the_trajectory():
+    rec = _with_digests(make_record(5, 4, 64))
+    assert all(t.digest for t in rec.trajectories)
+    assert_same(R.decode(R.encode(rec)), rec)  # intact: the digests match
+    t = rec.trajectories[0]
+    tokens = rec.tokens.copy()
+    col = int(np.flatnonzero(rec.segment_ids[t.row] == t.segment)[-1])
+    rec.tokens[t.row, col] += 1  # one token off, as a re-tokenisation would do
+    raises(f"trajectory '{t.trajectory_id}'.*differ from what was sampled", rec.validate)
+    rec.tokens = tokens
+    gen = np.flatnonzero((rec.segment_ids[t.row] == t.segment) & (rec.loss_mask[t.row] == 1))
+    if gen.size:  # the loss moved off one sampled token
+        rec.loss_mask[t.row, gen[0]] = 0
+        rec.behaviour_logprobs[t.row, gen[0]] = rec.advantages[t.row, gen[0]] = 0
+        rec.policy_versions[t.row, gen[0]] = -1
+        raises("differ from what was sampled", rec.validate)
+
+
+def test_records_without_digests_still_decode():
+    rec = make_record(6, 2, 32)
+    data = R.encode(rec)
+    stripped = rewrite_header(data, lambda h: [t.pop("digest") for t in h["trajectories"]])
+    assert_same(R.decode(stripped), rec)
+    raises("digest must be a str", R.decode, rewrite_header(data, lambda h: h["trajectories"][0].update(digest=7)))

@@ -77,3 +77,60 @@ def test_behaviour_cloning_lowers_the_loss(schedule):
     assert len(losses) == 40
     assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new), strict=True))
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+
+
+def test_a_warm_start_shorter_than_its_warmup_still_runs():
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, mlp_dim=64)
+    graphdef, params = split_params(init_model(cfg, 0))
+    ws = WarmStartConfig(steps=3, batch_rows=4, warmup_steps=50)
+    _, losses = warm_start(graphdef, params, "calculator", TASKS[:8], ws)
+    assert len(losses) == 3 and all(np.isfinite(losses))
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    from core.policy.sources import load_policy
+    from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
+
+    return load_policy(write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "qwen2", "qwen2"))
+
+
+def test_demonstrations_in_a_checkpoints_format_put_the_loss_on_its_assistant_turns_only(qwen2):
+    from core.policy.chat_format import chat_format_for
+
+    tok = qwen2.tokenizer
+    rows = oracle_rows("calculator", TASKS[:6], 1024, fmt=chat_format_for(tok))
+    for row, seg, mask in zip(rows["tokens"], rows["segment_ids"], rows["loss_mask"]):
+        ids, m = row[seg > 0].tolist(), mask[seg > 0].tolist()
+        spans, cur = [], []  # maximal runs of loss tokens: one per assistant turn
+        for t, on in zip(ids, m):
+            if on:
+                cur.append(t)
+            elif cur:
+                spans, cur = spans + [cur], []
+        spans += [cur] if cur else []
+        assert len(spans) >= 2  # at least one tool call, then the answer
+        end = tok.token_to_id("<|im_end|>")
+        for span in spans:  # the model's own turn: its text, then its end-of-turn token
+            text = tok.decode(span, skip_special_tokens=False)
+            assert span[-1] == end and "<|im_start|>" not in text and "<tool_response>" not in text, text
+        assert "<tool_call>" in tok.decode(spans[0], skip_special_tokens=False)
+        prompt = tok.decode(ids[: m.index(1)], skip_special_tokens=False)
+        assert prompt.endswith("<|im_start|>assistant\n") and "<tools>" in prompt  # the template's tools block
+
+
+def test_behaviour_cloning_through_lora_adapters_in_the_checkpoints_format(qwen2):
+    from core.policy.chat_format import chat_format_for
+    from core.policy.lora import LoraConfig
+    from trainer.learning.learner import Learner, LearnerConfig
+
+    learner = Learner(qwen2.cfg, LearnerConfig(batch_records=1, lora=LoraConfig(rank=4)), model=qwen2.model)
+    base = jax.tree.map(np.array, learner.frozen)
+    ws = WarmStartConfig(steps=30, batch_rows=4, learning_rate=1e-2, warmup_steps=5, max_seq_len=512)
+    new, losses = warm_start(
+        learner.graphdef, learner.params, "calculator", TASKS[:16], ws, chat_format_for(qwen2.tokenizer), learner.frozen
+    )
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
+    assert jax.tree.structure(new) == jax.tree.structure(learner.params)  # the adapter is what trained
+    for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(learner.frozen), strict=True):
+        np.testing.assert_array_equal(a, b)

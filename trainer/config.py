@@ -15,6 +15,7 @@ import dataclasses
 from core.config import knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.config import MODEL_CONFIGS
+from core.policy.sources import MODEL_HELP
 from trainer.learning.deliveries import DeliveryConfig
 from trainer.learning.feeder import CreditConfig
 from trainer.learning.learner import LearnerConfig
@@ -52,6 +53,7 @@ class LearnerJobConfig:
     policy_root: str = knob(help="the policy store (a dir or gs://...); on Vertex AI: AIP_MODEL_DIR")
     dead_letter_topic: str | None = knob(None, "where malformed records go (unset: dropped with a log line)")
     model_config: str = knob("tiny", "the policy model's size", choices=sorted(MODEL_CONFIGS))
+    model: str | None = knob(None, MODEL_HELP)
     max_steps: int = knob(20, "learner steps, then stop")
     timeout_s: float = knob(600.0, "give up (exit 1) after this long")
     mesh: str | None = knob(None, "device mesh, e.g. data=4,model=2 (unset: one device)")

@@ -43,7 +43,7 @@ parse_args = parse_config  # what trainer.cloud.vertex checks a job's learner fl
 def run(cfg: LearnerJobConfig) -> RunSummary:
     B.check_settings(cfg)  # the environment, before anything starts
     tracer = B.make_tracer(cfg.trace_dir)
-    learner = B.make_learner(cfg.model_config, cfg.learner, B.make_mesh_from_flag(cfg.mesh))
+    learner = B.make_learner(cfg, B.make_mesh_from_flag(cfg.mesh))
     tasks = B.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir)
     checkpointer = B.make_checkpointer(cfg.checkpoint_dir)
     with tracer.span("warm start or restore", "learner"):

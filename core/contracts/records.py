@@ -18,6 +18,8 @@ import struct
 
 import numpy as np
 
+from core.contracts.trajectory import token_digest
+
 SCHEMA_VERSION = 1
 # Messages on the records topic that are not records carry kind=<...> (records carry none).
 KIND_ATTRIBUTE = "kind"
@@ -57,13 +59,16 @@ class TrajectoryInfo:
     num_tokens: int
     reward: float
     status: str
+    # token_digest of the tokens and loss mask as sampled; validate() checks the segment
+    # against it ("" from producers before it existed: nothing to check).
+    digest: str = ""
 
     def to_json(self) -> dict:
         return dict(vars(self))  # flat scalar fields: no need for asdict's deep copy
 
     @classmethod
     def from_json(cls, obj) -> TrajectoryInfo:
-        if not isinstance(obj, dict) or set(obj) != _TRAJ_FIELDS:
+        if not isinstance(obj, dict) or set(obj) not in (_TRAJ_FIELDS, _TRAJ_FIELDS - {"digest"}):
             raise RecordError(f"trajectory entry must have exactly the TrajectoryInfo fields, got {obj!r:.200}")
         _check_traj_types(obj)
         return cls(**{**obj, "reward": float(obj["reward"])})
@@ -81,6 +86,9 @@ def _check_traj_types(obj: dict) -> None:
         raise RecordError(f"trajectory_id must be a non-empty str, got {obj['trajectory_id']!r:.50}")
     if not isinstance(obj["status"], str):
         raise RecordError(f"trajectory status must be a str, got {obj['status']!r:.50}")
+    digest = obj.get("digest", "")
+    if not isinstance(digest, str) or len(digest) > 64:
+        raise RecordError(f"trajectory digest must be a str of at most 64 chars, got {digest!r:.80}")
 
 
 _TRAJ_FIELDS = {f.name for f in dataclasses.fields(TrajectoryInfo)}
@@ -200,10 +208,10 @@ def _validate(rec: PackedRecord, expected_shape) -> None:
         _fail("policy_versions must be >= 0 where loss_mask is 1")
     if (pv[off] != -1).any():
         _fail("policy_versions must be -1 where loss_mask is 0")
-    _validate_trajectories(rec.trajectories, seg, run_start, rows)
+    _validate_trajectories(rec.trajectories, seg, run_start, rows, arrays)
 
 
-def _validate_trajectories(trajs, seg, run_start, rows) -> None:
+def _validate_trajectories(trajs, seg, run_start, rows, rec_arrays) -> None:
     if not isinstance(trajs, list) or not all(isinstance(t, TrajectoryInfo) for t in trajs):
         _fail("trajectories must be a list of TrajectoryInfo")
     if len(trajs) != int(run_start.sum()):
@@ -222,6 +230,20 @@ def _validate_trajectories(trajs, seg, run_start, rows) -> None:
         seen.add(key)
         if t.num_tokens != length_of[key]:
             _fail(f"trajectory {t.trajectory_id!r:.80} num_tokens {t.num_tokens} != segment length {length_of[key]}")
+    for t in trajs:
+        if t.digest and not digest_matches(rec_arrays, t):
+            _fail(f"trajectory {t.trajectory_id!r:.80}: tokens or loss mask differ from what was sampled (digest)")
+
+
+def segment_of(arrays, info: TrajectoryInfo, name: str) -> np.ndarray:
+    """One trajectory's slice of a [rows, seq_len] array (its segment is contiguous)."""
+    cols = np.flatnonzero(arrays["segment_ids"][info.row] == info.segment)
+    return arrays[name][info.row, cols[0] : cols[-1] + 1]
+
+
+def digest_matches(arrays, info: TrajectoryInfo) -> bool:
+    """Whether the record's tokens and loss mask for `info` are exactly what was sampled."""
+    return token_digest(segment_of(arrays, info, "tokens"), segment_of(arrays, info, "loss_mask")) == info.digest
 
 
 def encode(record: PackedRecord) -> bytes:

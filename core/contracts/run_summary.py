@@ -90,6 +90,9 @@ class RunSummary:
     tokens_consumed: int = 0
     loss_tokens_consumed: int = 0
     trajectories: int = 0
+    # Trained trajectories whose tokens and loss mask were checked, at the train step, to be
+    # exactly what the rollout side sampled (core.contracts.trajectory.token_digest).
+    trajectories_tokens_verified: int = 0
     mean_reward: float = 0.0
     episode_status: dict[str, int] = dataclasses.field(default_factory=dict)
     declared_record_shapes: list[str] = dataclasses.field(default_factory=list)

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
+
+
+def token_digest(tokens, loss_mask) -> str:
+    """A short hash of a trajectory's tokens and loss mask, taken where the episode ended:
+    the learner recomputes it from the record it trains on, so any change on the way
+    (packing, the wire, a re-tokenisation) is caught, not trained on."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+    h.update(np.ascontiguousarray(loss_mask, dtype="u1").tobytes())
+    return h.hexdigest()
 
 
 @dataclasses.dataclass
@@ -22,6 +33,7 @@ class Trajectory:
     env_latency_s: float = 0.0
     num_turns: int = 0
     finished_at: float = 0.0  # wall clock (time.time()) when the episode ended: flush latency
+    sampled_digest: str = ""  # token_digest of what the episode sampled ("" : computed at packing)
 
     def __post_init__(self):
         n = len(self.tokens)

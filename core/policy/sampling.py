@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
+from core.policy.model import abstract_model, split_params
 
 
 class Sampler:
@@ -33,7 +33,7 @@ class Sampler:
         if slots < 1 or prefill < 1:
             raise ValueError(f"need slots >= 1 and prefill >= 1, got {slots}, {prefill}")
         self.cfg, self.slots, self.length, self.prefill, self.greedy = cfg, slots, length, prefill, greedy
-        model = init_model(cfg)
+        model = abstract_model(cfg)  # shapes only: the weights come from the policy store
         self.graphdef, self.abstract_params = split_params(model)
         self.cache = model.init_cache(slots, length)
         self._key = jax.random.key(seed)

@@ -18,11 +18,16 @@ from flax import nnx
 
 from core.contracts.store import PolicyStore
 from core.policy.config import ModelConfig, check_vocab
-from core.policy.model import Transformer, abstract_model, abstract_tree
+from core.policy.model import Transformer, abstract_model, split_params
 from core.policy.tokenizer import Tokenizer, load_tokenizer
 
 STORE_PREFIX = "store:"
 BYTE = "byte"
+# The one help text of every process's --model flag (learner, rollout job, evaluator, demo).
+MODEL_HELP = (
+    "a Hugging Face checkpoint directory to train or serve (config.json, *.safetensors, tokenizer.json with "
+    "a chat template); every process of a run loads the same one. Unset: the built-in --model_config"
+)
 
 
 @dataclasses.dataclass
@@ -33,6 +38,42 @@ class Policy:
     source: str
     version: int | None = None  # the store version; None for a checkpoint directory
     tokenizer_source: str = BYTE  # "byte" or the directory holding the tokenizer files
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """What a process needs before any weights: the model config, the tokenizer, and where
+    both came from (the checkpoint directory, or None for the built-in policy)."""
+
+    cfg: ModelConfig
+    tokenizer: Tokenizer
+    checkpoint: str | None = None
+
+    @property
+    def tokenizer_source(self) -> str:
+        return self.checkpoint or BYTE
+
+
+def policy_spec(model: str | os.PathLike | None, model_config: str = "tiny") -> PolicySpec:
+    """`--model DIR` (its config.json and tokenizer, checked against each other) or the
+    built-in `--model_config` size with the byte tokenizer. Reads no weights."""
+    if not model:
+        from core.policy.config import model_config as named_config
+
+        return PolicySpec(named_config(model_config), load_tokenizer(BYTE))
+    path = Path(model)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--model {os.fspath(model)!r}: not a checkpoint directory")
+    from core.policy.hf_config import read_hf_config
+
+    tok, cfg = load_tokenizer(path), read_hf_config(path)
+    try:
+        check_vocab(cfg, tok.vocab_size)
+    except ValueError as e:
+        raise ValueError(f"{path / 'tokenizer.json'} against {path / 'config.json'} (vocab_size): {e}") from None
+    if not tok.chat_templates:
+        raise ValueError(f"--model {path}: its tokenizer has no chat template, so episodes cannot be rendered")
+    return PolicySpec(cfg, tok, os.fspath(path))
 
 
 def policy_metadata(cfg: ModelConfig, tokenizer_source: str | os.PathLike = BYTE, **extra) -> dict:
@@ -84,7 +125,11 @@ def _from_store(root: str, version: int | None) -> Policy:
     tokenizer_source = meta.get("tokenizer", BYTE)
     tok = load_tokenizer(tokenizer_source)
     check_vocab(cfg, tok.vocab_size)
-    graphdef, state = nnx.split(abstract_model(cfg))  # shapes only: the store has the weights
-    loaded = store.load(version, abstract_tree(nnx.to_pure_dict(state)))
-    nnx.replace_by_pure_dict(state, loaded)
+    from core.policy.versions import VersionLoader, base_params
+
+    graphdef, template = split_params(abstract_model(cfg))  # shapes only: the store has the weights
+    # A LoRA version holds the adapter only: it is merged into its base, the checkpoint
+    # its tokenizer came from.
+    base = base_params(tokenizer_source if tokenizer_source != BYTE else None)
+    state, _ = VersionLoader(store, cfg, template, base).load(version)
     return Policy(cfg, nnx.merge(graphdef, state), tok, f"{STORE_PREFIX}{root}@{version}", version, tokenizer_source)

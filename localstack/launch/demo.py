@@ -7,6 +7,7 @@ everything (also on failure) and prints the learner's summary.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -58,6 +59,7 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         data_dir=str(workdir / "datasets"),
         env=cfg.env,
         model_config=cfg.model_config,
+        model=cfg.model,
         env_config={"tool_latency": cfg.tool_latency},
         init_policy=cfg.init_policy,
         sync=cfg.sync,
@@ -70,6 +72,8 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         warmstart_batch=cfg.warmstart_batch,
         warmstart_tasks=cfg.warmstart_tasks,
         warmstart_direct_frac=cfg.warmstart_direct_frac,
+        lora_rank=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
         **_layout(cfg),
         **telemetry(cfg, workdir),
     )
@@ -87,6 +91,7 @@ def rollout_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         dead_letter_topic=topics["dead"],
         policy_root=str(store),
         model_config=cfg.model_config,
+        model=cfg.model,
         policy_poll_s=cfg.policy_poll_s,
         max_wait_s=cfg.max_wait_s,
         filter_zero_signal=not cfg.keep_zero_signal,
@@ -106,6 +111,7 @@ def evaluator_config(cfg: DemoConfig, workdir: Path, store: Path) -> EvaluatorCo
         out=str(workdir / "eval.jsonl"),
         env=cfg.env,
         model_config=cfg.model_config,
+        model=cfg.model,
         data_dir=str(workdir / "datasets"),
         stop_file=str(workdir / "final_version"),
         timeout_s=cfg.timeout_s + 600,
@@ -143,6 +149,8 @@ def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
             target_duty=cfg.target_duty,
             max_wait_s=cfg.max_wait_s,
             rollout_rate=cfg.rollout_rate,
+            model_config=cfg.model_config,
+            model=cfg.model,
             out=str(path),
             **_layout(cfg),
         )
@@ -281,12 +289,30 @@ def _stop_on_signal(signum, _frame):
     raise Stopped(signal.Signals(signum).name)
 
 
+def with_model_layout(cfg: DemoConfig) -> DemoConfig:
+    """With --model and no layout flags, the record layout the checkpoint and the environment
+    need (refused, saying why, when its context cannot hold an episode)."""
+    if not cfg.model or cfg.layout != LayoutConfig():
+        return cfg
+    from localstack.launch.model_layout import layout_for_model
+
+    turn = cfg.rollout.engine.max_new_tokens_per_turn
+    found = layout_for_model(cfg.model, cfg.env, turn, cfg.layout.rows, env_config={"tool_latency": "none"})
+    print(found.describe(), flush=True)
+    return dataclasses.replace(cfg, layout=found.layout)
+
+
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     # A job timeout, a closed terminal or a supervisor sends these: without a handler the
     # process would die at once and leave the emulator, pipeline and learner running.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop_on_signal)
+    try:
+        cfg = with_model_layout(cfg)
+    except (ValueError, FileNotFoundError) as e:  # before anything starts
+        print(f"demo refused: {e}", file=sys.stderr)
+        return 2
     try:
         summary = run_local(cfg)
     except DemoFailed as e:

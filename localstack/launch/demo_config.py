@@ -18,6 +18,7 @@ from core import config
 from core.config import knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.config import MODEL_CONFIGS
+from core.policy.sources import MODEL_HELP
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
@@ -30,19 +31,19 @@ SET_BY_DEMO = "set-by-the-demo"  # placeholder for a field the demo fills in at 
 LEARNER_SET = (
     *("requests_topic", "records_subscription", "dead_letter_topic", "policy_root", "summary_path"),
     *("checkpoint_dir", "data_dir", "plan", "env", "env_config", "init_policy", "sync"),
-    *("max_steps", "publish_every", "batch_records", "group_size", "timeout_s", "model_config"),
-    *("warmstart_steps", "warmstart_batch", "warmstart_tasks", "warmstart_direct_frac"),
+    *("max_steps", "publish_every", "batch_records", "group_size", "timeout_s", "model_config", "model"),
+    *("warmstart_steps", "warmstart_batch", "warmstart_tasks", "warmstart_direct_frac", "lora_rank", "lora_alpha"),
     *LAYOUT_FLAGS,
     *TELEMETRY_FLAGS,
 )
 ROLLOUT_SET = (
     *("requests_subscription", "records_topic", "dead_letter_topic", "policy_root"),
-    *("policy_poll_s", "max_wait_s", "filter_zero_signal", "model_config"),
+    *("policy_poll_s", "max_wait_s", "filter_zero_signal", "model_config", "model"),
     *LAYOUT_FLAGS,
     *TELEMETRY_FLAGS,
 )
 EVALUATOR_SET = (
-    *("policy_root", "out", "env", "data_dir", "stop_file", "timeout_s", "max_tokens", "model_config"),
+    *("policy_root", "out", "env", "data_dir", "stop_file", "timeout_s", "max_tokens", "model_config", "model"),
     *TELEMETRY_FLAGS,
 )
 
@@ -78,6 +79,12 @@ class DemoConfig:
     model_config: str = knob(
         LearnerJobConfig.model_config, "the policy model, the same in every process", choices=sorted(MODEL_CONFIGS)
     )
+    model: str | None = knob(
+        None,
+        MODEL_HELP + "; with it the record layout follows from the checkpoint and --env unless layout flags are given",
+    )
+    lora_rank: int = knob(0, "train LoRA adapters of this rank instead of every weight (0: full fine-tuning)")
+    lora_alpha: float = knob(16.0, "LoRA scale numerator: adapters add (alpha / rank) * x A B")
     tool_latency: str = knob("fixed:0.5", "per tool call: none, fixed:S, uniform:A:B, lognormal:M:S")
     sync: bool = knob(False, "the synchronous baseline: one round of rollouts per policy version")
     timeout_s: float = knob(900.0, "the learner gives up after this long")

@@ -30,7 +30,8 @@ import environments
 from core import config
 from core.config import knob, section
 from core.contracts.record_shape import LayoutConfig
-from core.policy import tokenizer
+from core.policy.chat_format import ChatFormat, chat_format_for
+from core.policy.sources import MODEL_HELP, policy_spec
 from rollout.engine_config import EngineConfig
 from trainer.config import LearnerJobConfig
 from trainer.learning.capacity import Measurements, make_plan
@@ -63,6 +64,8 @@ class PlanConfig:
     trajectories_per_record: float | None = knob(None, "measured on the real stream")
     tokens_per_trajectory: float | None = knob(None, "measured on the real stream")
     learner_steps: int = knob(5, "timed learner steps")
+    model_config: str = knob(LearnerJobConfig.model_config, "the built-in policy size (the learner's)")
+    model: str | None = knob(None, MODEL_HELP)
     out: str | None = knob(None, "write the plan here as JSON")
     layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same on both sides")
 
@@ -72,19 +75,21 @@ def parse_config(argv) -> PlanConfig:
 
 
 # ----------------------------------------------------------------------------- environment
-async def _oracle_episode(env, oracle, task, max_turns: int = 8) -> dict:
-    """One oracle episode through the real environment (its latency model included)."""
+async def _oracle_episode(env, oracle, task, fmt: ChatFormat, max_turns: int = 8) -> dict:
+    """One oracle episode through the real environment (its latency model included), its
+    tokens counted in the model's chat format."""
     t0 = time.monotonic()
-    prompt_tokens = 1 + len(tokenizer.encode(await env.reset(task)))
+    tools = env.tools()
+    prompt_tokens = len(fmt.prompt_ids(await env.reset(task), tools))
     generated, observed, observations, info = 0, 0, [], {}
     for _ in range(max_turns):
         action = oracle(task, observations)
-        generated += len(tokenizer.encode(action))
+        generated += len(fmt.action_ids(action, tools))
         result = await env.step(action)
         info = result.info
         if result.done:
             break
-        observed += len(tokenizer.encode(result.observation))
+        observed += len(fmt.observation_ids(result.observation))
         observations.append(result.observation)
     return {
         "wall_s": time.monotonic() - t0,
@@ -95,7 +100,7 @@ async def _oracle_episode(env, oracle, task, max_turns: int = 8) -> dict:
     }
 
 
-def measure_environment(env_name: str, tool_latency: str, n: int) -> dict:
+def measure_environment(env_name: str, tool_latency: str, n: int, fmt: ChatFormat) -> dict:
     """n oracle episodes at once (as the engine runs them): per-episode means, and the
     latency model's own draws for the slowest episode of a round."""
     tasks = environments.make_tasks(env_name, 1, n, "train")
@@ -103,7 +108,7 @@ def measure_environment(env_name: str, tool_latency: str, n: int) -> dict:
 
     async def run_all():
         return await asyncio.gather(
-            *(_oracle_episode(environments.make(env_name, tool_latency=tool_latency), oracle, t) for t in tasks)
+            *(_oracle_episode(environments.make(env_name, tool_latency=tool_latency), oracle, t, fmt) for t in tasks)
         )
 
     rows = asyncio.run(run_all())
@@ -120,21 +125,19 @@ def measure_environment(env_name: str, tool_latency: str, n: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- engine
-def measure_engine(slots: int, max_tokens: int, new_tokens: int = 48) -> dict:
+def measure_engine(slots: int, max_tokens: int, cfg, new_tokens: int = 48) -> dict:
     """Every slot busy decoding: the step time an episode's tokens are paid in."""
-    from core.policy.config import ModelConfig
     from core.policy.model import init_model, split_params
     from core.policy.sampling import Sampler
     from rollout.engine import InferenceEngine, Sequence
 
-    cfg = ModelConfig()
     _, params = split_params(init_model(cfg, 0))
     sampler = Sampler(cfg, slots=slots, length=max_tokens)
     sampler.warmup(params)
     engine = InferenceEngine(sampler, lambda: (params, 0))
 
     async def one(i):
-        seq = Sequence.start([tokenizer.BOS] + [32 + (i + j) % 90 for j in range(8)])
+        seq = Sequence.start([32 + (i + j) % 90 for j in range(9)])
         await engine.generate(seq, new_tokens, lambda _g: False)
         engine.release(seq)
 
@@ -174,9 +177,8 @@ def synthetic_trajectory(request_id: str, i: int, n: int, finished_at: float = 0
     )
 
 
-def measure_learner(layout, batch_records: int, lengths: list[int], steps: int) -> dict:
+def measure_learner(layout, batch_records: int, lengths: list[int], steps: int, cfg) -> dict:
     """The packer's records for these lengths, and the learner's step on them."""
-    from core.policy.config import ModelConfig
     from pipelines.packing import pack
     from trainer.learning.learner import Learner
 
@@ -190,7 +192,7 @@ def measure_learner(layout, batch_records: int, lengths: list[int], steps: int) 
     records = packed[:-1] or packed  # the last one is the part-full remainder
     fill = statistics.fmean(r.num_tokens / (shape.rows * shape.seq_len) for r in records)
     per_record = statistics.fmean(len(r.trajectories) for r in records)
-    learner = Learner(ModelConfig(), LearnerConfig(batch_records=batch_records))
+    learner = Learner(cfg, LearnerConfig(batch_records=batch_records))
     batch = [records[i % len(records)] for i in range(batch_records)]
     learner.train_step(batch)  # compile
     times = []
@@ -209,9 +211,10 @@ def measure_learner(layout, batch_records: int, lengths: list[int], steps: int) 
 # ----------------------------------------------------------------------------- plan
 def run(cfg: PlanConfig) -> dict:
     layout = cfg.layout.layout
-    env = measure_environment(cfg.env, cfg.tool_latency, cfg.episodes)
-    engine = measure_engine(cfg.engine_slots, layout.trajectory_len)
-    learner = measure_learner(layout, cfg.batch_records, env.pop("lengths"), cfg.learner_steps)
+    spec = policy_spec(cfg.model, cfg.model_config)
+    env = measure_environment(cfg.env, cfg.tool_latency, cfg.episodes, chat_format_for(spec.tokenizer))
+    engine = measure_engine(cfg.engine_slots, layout.trajectory_len, spec.cfg)
+    learner = measure_learner(layout, cfg.batch_records, env.pop("lengths"), cfg.learner_steps, spec.cfg)
     generation_s = env["generated_per_episode"] * engine["step_s"]
     engine_rate = engine["tokens_per_s"] / env["generated_per_episode"]
     m = Measurements(

@@ -17,8 +17,9 @@ from flax import nnx
 import environments
 from core.contracts.record_shape import RecordLayout
 from core.contracts.store import PolicyStore
-from core.policy.config import model_config
+from core.policy.chat_format import chat_format_for
 from core.policy.model import abstract_tree
+from core.policy.sources import policy_spec
 from core.telemetry import scalars, trace
 from trainer.config import LearnerJobConfig, parse_mesh
 from trainer.learning.batches import BatchBuffer
@@ -27,7 +28,7 @@ from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.consumer import RecordConsumer
 from trainer.learning.data_plane import DataPlane
 from trainer.learning.feeder import CreditConfig, Feeder, TrajectoryCredits
-from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.learner import Learner
 from trainer.learning.publisher import PolicyPublisher, learner_state_of
 from trainer.learning.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.sharding import make_mesh
@@ -62,8 +63,19 @@ def make_mesh_from_flag(text: str | None):
     return make_mesh(*shape)
 
 
-def make_learner(model_name: str, cfg: LearnerConfig, mesh) -> Learner:
-    return Learner(model_config(model_name), cfg, mesh)
+def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
+    """The built-in policy (random init from --seed), or the --model checkpoint's weights;
+    the learner keeps the tokenizer: its warm start and published versions use it."""
+    spec = policy_spec(cfg.model, cfg.model_config)
+    model = None
+    if spec.checkpoint:
+        from core.policy.hf_weights import load_checkpoint
+
+        _, model = load_checkpoint(spec.checkpoint)
+        log.info("initial params: the checkpoint %s", spec.checkpoint)
+    learner = Learner(spec.cfg, cfg.learner, mesh, model=model)
+    learner.tokenizer, learner.tokenizer_source = spec.tokenizer, spec.tokenizer_source
+    return learner
 
 
 def load_prompts(env: str, task_seed: int, data_dir: str | None) -> list:
@@ -113,7 +125,10 @@ def restore_or_initialise(
         log.info("initial params: version %d of %s (no warm start)", found[0], init_policy)
     elif warmstart.steps:
         demos = environments.make_tasks(env, task_seed + 1, warmstart.tasks, "train")
-        learner.params, losses = warm_start(learner.graphdef, learner.params, env, demos, warmstart)
+        fmt = chat_format_for(learner.tokenizer)  # demonstrations in the model's own format
+        learner.params, losses = warm_start(
+            learner.graphdef, learner.params, env, demos, warmstart, fmt, learner.frozen
+        )
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
     if learner.cfg.loss.kl_coef > 0:
         learner.set_reference(learner.params)

@@ -1,4 +1,8 @@
-"""The learner: one jitted, donated train step over fixed-shape packed batches."""
+"""The learner: one jitted, donated train step over fixed-shape packed batches.
+
+With LoRA (cfg.lora.rank > 0) the trainable params are the adapter alone: the optimizer
+state is adapter-sized, and the base (`frozen`) is passed to every step, never donated
+and never updated."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from jax.sharding import PartitionSpec as P
 from core.config import knob, section
 from core.contracts.records import PackedRecord
 from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params, token_logprobs
+from core.policy.lora import LoraConfig, add_lora, merge, split_lora
+from core.policy.model import Transformer, init_model, split_params, token_logprobs
 from trainer.learning import losses, sharding
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_logprobs", "advantages")
@@ -33,6 +38,7 @@ class LearnerConfig:
     publish_every: int = knob(5, "learner steps between policy versions")
     seed: int = knob(0, "the initial params' seed (and the warm start's)")
     loss: losses.LossConfig = section(losses.LossConfig)
+    lora: LoraConfig = section(LoraConfig, "lora_", "LoRA adapters (rank 0: full fine-tuning)")
 
     def __post_init__(self):
         if self.batch_records < 1:
@@ -51,9 +57,9 @@ def batch_from_records(records: list[PackedRecord]) -> dict[str, np.ndarray]:
     return {f: np.concatenate([getattr(r, f) for r in records], axis=0) for f in BATCH_FIELDS}
 
 
-def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch):
+def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch, frozen=None):
     def logprobs(p):
-        logits = nnx.merge(graphdef, p)(batch["tokens"], batch["segment_ids"], batch["positions"])
+        logits = _merged(graphdef, p, frozen)(batch["tokens"], batch["segment_ids"], batch["positions"])
         return logits, token_logprobs(logits, batch["tokens"])
 
     logits, logp = logprobs(params)
@@ -75,9 +81,14 @@ def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch):
     return loss, metrics
 
 
-def _train_step(graphdef, tx, cfg, params, opt_state, ref_params, batch):
+def _merged(graphdef, params, frozen):
+    """The module of trainable params (and, with LoRA, the frozen base)."""
+    return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
+
+
+def _train_step(graphdef, tx, cfg, params, opt_state, ref_params, batch, frozen=None):
     grad_fn = jax.value_and_grad(functools.partial(_loss_fn, graphdef, cfg), has_aux=True)
-    (loss, metrics), grads = grad_fn(params, ref_params, batch)
+    (loss, metrics), grads = grad_fn(params, ref_params, batch, frozen)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     # A non-finite loss or gradient (logits overflowing, say) must not reach the weights:
     # skip the update, keep the optimizer state, count it.
@@ -93,9 +104,18 @@ class Learner:
     """Params and optimizer state, optionally sharded over a ("data", "model") mesh, and
     one jitted step with donated state per record shape."""
 
-    def __init__(self, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None):
+    def __init__(self, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None, model: Transformer | None = None):
+        """model: the initial Transformer (e.g. a Hugging Face checkpoint's; with LoRA its
+        Linears are wrapped in place); None: init_model(model_cfg, cfg.seed)."""
         self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
-        self.graphdef, params = split_params(init_model(model_cfg, cfg.seed))
+        if model is None:
+            model = init_model(model_cfg, cfg.seed)
+        elif model.cfg != model_cfg:
+            raise ValueError("the initial model's config differs from model_cfg")
+        if cfg.lora.rank:
+            self.graphdef, params, frozen = split_lora(add_lora(model, cfg.lora, cfg.seed))
+        else:
+            (self.graphdef, params), frozen = split_params(model), None
         tx = optax.chain(
             optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
         )
@@ -103,11 +123,15 @@ class Learner:
         self.ref_params = None  # set once by set_reference(); only read when kl_coef > 0
         self.skipped_nonfinite = 0
         if mesh is None:
-            self.params, self.opt_state = params, tx.init(params)
+            self.params, self.opt_state, self.frozen = params, tx.init(params), frozen
             self._batch_sharding = None
             self._step = jax.jit(step, donate_argnums=(0, 1))
         else:
-            shardings = sharding.param_shardings(params, mesh)
+            if frozen is None:
+                shardings = sharding.param_shardings(params, mesh)
+            else:  # the adapter has no logical axes (and is small): replicated
+                shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
+            self.frozen = None if frozen is None else jax.device_put(frozen, sharding.param_shardings(frozen, mesh))
             self.params = jax.device_put(params, shardings)
             opt_state = jax.jit(tx.init)(self.params)  # moments follow the params' layout
             # Scalars (step counts) come out on one device: replicate them over the mesh.
@@ -126,7 +150,11 @@ class Learner:
         key = (len(records) * records[0].shape[0], records[0].shape[1])
         if key not in self._flops:  # the batch is only built (and lowered) once per shape
             batch = batch_from_records(records)
-            cost = self._step.lower(self.params, self.opt_state, self._reference(), batch).compile().cost_analysis()
+            cost = (
+                self._step.lower(self.params, self.opt_state, self._reference(), batch, self.frozen)
+                .compile()
+                .cost_analysis()
+            )
             cost = cost[0] if isinstance(cost, list) else cost
             self._flops[key] = float(cost.get("flops", 0.0)) * (self.mesh.size if self.mesh else 1)
         return self._flops[key]
@@ -137,14 +165,17 @@ class Learner:
         batch = batch_from_records(records)
         if self._batch_sharding is not None:
             batch = jax.device_put(batch, self._batch_sharding)
-        self.params, self.opt_state, metrics = self._step(self.params, self.opt_state, self._reference(), batch)
+        self.params, self.opt_state, metrics = self._step(
+            self.params, self.opt_state, self._reference(), batch, self.frozen
+        )
         self.steps += 1
         out = {k: float(v) for k, v in metrics.items()}
         self.skipped_nonfinite += int(out["losses/skipped_nonfinite"])
         return out
 
     def set_reference(self, params) -> None:
-        """The KL reference policy, loaded once at start (a copy: the step donates params)."""
+        """The KL reference policy, loaded once at start (a copy: the step donates params).
+        With LoRA: an adapter (the base is shared with the policy)."""
         ref = jax.tree.map(jnp.array, params)
         self.ref_params = ref if self._shardings is None else jax.device_put(ref, self._shardings)
 
@@ -155,9 +186,20 @@ class Learner:
             raise ValueError("kl_coef > 0 needs a reference policy: call set_reference() first")
         return self.ref_params
 
+    def model_of(self, params) -> Transformer:
+        """The module of these trainable params (with LoRA: on the frozen base)."""
+        return _merged(self.graphdef, params, self.frozen)
+
     def params_dict(self) -> dict:
-        """Params as a nested dict of arrays: what the policy store writes."""
+        """Params as a nested dict of arrays: what the policy store writes (with LoRA: the
+        adapter alone)."""
         return nnx.to_pure_dict(self.params)
+
+    def full_params_dict(self) -> dict:
+        """The plain model's params (with LoRA: the adapter merged into the base), for an export."""
+        if self.frozen is None:
+            return self.params_dict()
+        return nnx.to_pure_dict(nnx.state(merge(self.model_of(self.params)), nnx.Param))
 
     def compiled_variants(self) -> int:
         return self._step._cache_size()

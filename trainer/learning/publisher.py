@@ -7,7 +7,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from core.contracts.store import PolicyStore
-from core.policy.sources import policy_metadata
+from core.policy.lora import adapter_metadata
+from core.policy.sources import BYTE, policy_metadata
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.learner import Learner
 
@@ -64,10 +65,21 @@ class PolicyPublisher:
         self.version += 1
         params = host_params(self.learner)
         if self.is_primary:
-            metadata = policy_metadata(self.learner.model_cfg, step=self.learner.steps)
+            metadata = policy_metadata(
+                self.learner.model_cfg, getattr(self.learner, "tokenizer_source", BYTE), **self._extra_metadata()
+            )
             self.store.publish(self.version, params, metadata, dtype=self.dtype)
             self.store.gc(self.keep_versions)
         self.published.append(self.version)
+
+    def _extra_metadata(self) -> dict:
+        """The step; with LoRA, the adapter's settings (the version holds an adapter, not a
+        whole model: readers merge it into the base they loaded)."""
+        extra = {"step": self.learner.steps}
+        lora = self.learner.cfg.lora
+        if lora.rank:
+            extra["lora"] = adapter_metadata(lora)
+        return extra
 
     def checkpoint(self, feeder_position: int, consumed_ids: dict[str, int]) -> None:
         """A restarted learner resumes at exactly this version, feeder position and dedup set."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import time
 
+from core.contracts.records import digest_matches
 from core.contracts.run_summary import DedupIds, RunSummary
 
 
@@ -26,6 +27,7 @@ class RunStats:
         self.flops = 0.0
         self.trained_ids: set[str] = set()
         self.trained_trajectories = 0
+        self.tokens_verified = 0  # trained trajectories whose tokens equal what was sampled
         # Steady state: from the end of the first step (start-up and its compile excluded).
         self.first_step_end: float | None = None
         self.first_step_s = 0.0
@@ -49,6 +51,10 @@ class RunStats:
         self.trained_tokens += sum(r.num_tokens for r in batch)
         self.trained_ids.update(r.record_id for r in batch if r.trajectories)  # not the sync baseline's padding
         self.trained_trajectories += sum(len(r.trajectories) for r in batch)
+        # Again at training (decode checked it already): what was trained is what was sampled.
+        for r in batch:
+            arrays = r.arrays()
+            self.tokens_verified += sum(1 for t in r.trajectories if t.digest and digest_matches(arrays, t))
         self.trained_loss_tokens += sum(r.num_loss_tokens for r in batch)
         if self.first_step_end is None:
             self.first_step_end, self.first_step_s, self.first_step_tokens = (
@@ -98,6 +104,7 @@ class RunStats:
             tokens_consumed=self.tokens,
             loss_tokens_consumed=self.loss_tokens,
             trajectories=len(self.rewards),
+            trajectories_tokens_verified=self.tokens_verified,
             mean_reward=round(self.mean_reward(), 4),
             episode_status=dict(self.statuses),
             declared_record_shapes=[f"{s.rows}x{s.seq_len}" for s in layout.shapes],

@@ -28,8 +28,9 @@ from flax import nnx
 import environments
 from core.config import derived, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
-from core.policy import tokenizer
+from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.model import token_logprobs
+from core.policy.tokenizer import BYTE_TOKENIZER
 
 SCHEDULES = ("constant", "cosine")
 DIRECT_AT = ("first_turn", "any_turn")
@@ -78,32 +79,55 @@ class WarmStartConfig:
             raise ValueError(f"warmstart_tasks must be >= 1 with a warm start, got {self.tasks!r}")
 
 
-async def oracle_transcript(env_name: str, task: environments.Task, max_turns: int = 8, answer_after=None):
-    """(tokens, loss_mask, reward) of one oracle episode, tokenised as the rollout side does.
+@dataclasses.dataclass
+class Transcript:
+    tokens: list[int]
+    loss_mask: list[int]  # 1 on the model's own tokens (its actions, end-of-turn included)
+    reward: float = 0.0
+    tool_calls: int = 0
+
+
+async def oracle_transcript(
+    env_name: str, task: environments.Task, max_turns: int = 8, answer_after=None, fmt: ChatFormat | None = None
+) -> Transcript:
+    """One oracle episode through the real environment, tokenised exactly as the rollout
+    side tokenises an episode in the model's chat format `fmt` (default: the byte format):
+    the prompt and observations as the episode loop appends them, each action as the model
+    would write it (its tool-call syntax and end-of-turn token), the loss on the actions.
     answer_after=k: after k tool observations, answer the task's target directly."""
+    fmt = fmt or chat_format_for(BYTE_TOKENIZER)
     env, oracle = environments.make(env_name), environments.oracle(env_name)
-    tokens = [tokenizer.BOS] + tokenizer.encode(await env.reset(task))
-    mask = [0] * len(tokens)
+    tools = env.tools()
+    out = Transcript(fmt.prompt_ids(await env.reset(task), tools), [])
+    out.loss_mask = [0] * len(out.tokens)
     observations: list[str] = []
     for _ in range(max_turns):
         text = oracle(task, observations)
         if answer_after is not None and len(observations) >= answer_after:
             text = f"<answer>{task.target}</answer>"
-        action = tokenizer.encode(text)
-        tokens += action
-        mask += [1] * len(action)
-        result = await env.step(tokenizer.decode(action))
+        action = fmt.action_ids(text, tools)
+        out.tokens += action
+        out.loss_mask += [1] * len(action)
+        result = await env.step(fmt.env_action(action, tools))  # what the env makes of the model's tokens
         if result.done:
-            return tokens, mask, result.reward
-        obs = tokenizer.encode(result.observation)
-        tokens += obs
-        mask += [0] * len(obs)
+            out.reward = result.reward
+            return out
+        obs = fmt.observation_ids(result.observation)
+        out.tokens += obs
+        out.loss_mask += [0] * len(obs)
         observations.append(result.observation)
-    return tokens, mask, 0.0
+        out.tool_calls += 1
+    return out
 
 
 def oracle_rows(
-    env_name: str, tasks, max_seq_len: int, direct_frac: float = 0.0, seed: int = 0, direct_at: str = "first_turn"
+    env_name: str,
+    tasks,
+    max_seq_len: int,
+    direct_frac: float = 0.0,
+    seed: int = 0,
+    direct_at: str = "first_turn",
+    fmt: ChatFormat | None = None,
 ) -> dict:
     """One transcript per row: tokens, segment_ids, positions, loss_mask [len(tasks), L],
     L = the longest transcript rounded up to 16 (no row longer than needed), <= max_seq_len."""
@@ -114,11 +138,10 @@ def oracle_rows(
         if direct_frac > 0 and rng.random() < direct_frac:
             answer_after = 0
             if direct_at == "any_turn":
-                full, _, _ = asyncio.run(oracle_transcript(env_name, task))
-                calls = max(tokenizer.decode(full).count("<call "), 1)
+                calls = max(asyncio.run(oracle_transcript(env_name, task, fmt=fmt)).tool_calls, 1)
                 answer_after = int(rng.integers(0, calls))  # 0 .. calls - 1 tool calls, then answer
-        toks, mask, _ = asyncio.run(oracle_transcript(env_name, task, answer_after=answer_after))
-        transcripts.append((toks[:max_seq_len], mask[:max_seq_len]))
+        t = asyncio.run(oracle_transcript(env_name, task, answer_after=answer_after, fmt=fmt))
+        transcripts.append((t.tokens[:max_seq_len], t.loss_mask[:max_seq_len]))
     seq_len = min(max_seq_len, -(-max(len(t) for t, _ in transcripts) // 16) * 16)
     out = {k: np.zeros((len(tasks), seq_len), np.int32) for k in ("tokens", "segment_ids", "positions", "loss_mask")}
     for i, (toks, mask) in enumerate(transcripts):
@@ -129,9 +152,10 @@ def oracle_rows(
     return out
 
 
-def _sft_step(graphdef, tx, params, opt_state, batch):
+def _sft_step(graphdef, tx, params, opt_state, frozen, batch):
     def loss_fn(p):
-        logits = nnx.merge(graphdef, p)(batch["tokens"], batch["segment_ids"], batch["positions"])
+        model = nnx.merge(graphdef, p) if frozen is None else nnx.merge(graphdef, p, frozen)
+        logits = model(batch["tokens"], batch["segment_ids"], batch["positions"])
         mask = batch["loss_mask"].astype(np.float32)
         return -(token_logprobs(logits, batch["tokens"]) * mask).sum() / mask.sum()
 
@@ -140,12 +164,18 @@ def _sft_step(graphdef, tx, params, opt_state, batch):
     return optax.apply_updates(params, updates), opt_state, loss
 
 
-def warm_start(graphdef, params, env_name: str, tasks, cfg: WarmStartConfig):
-    """Returns (params, [loss per step]) after cfg.steps supervised steps on oracle rows."""
-    data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at)
+def warm_start(
+    graphdef, params, env_name: str, tasks, cfg: WarmStartConfig, fmt: ChatFormat | None = None, frozen=None
+):
+    """Returns (params, [loss per step]) after cfg.steps supervised steps on oracle rows in
+    the chat format `fmt`. With LoRA, `params` are the adapter's and `frozen` the base's:
+    only the adapter learns."""
+    data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at, fmt)
     lr = cfg.learning_rate
     if cfg.schedule == "cosine":
-        lr = optax.warmup_cosine_decay_schedule(0.0, lr, max(cfg.warmup_steps, 1), max(cfg.steps, 2), 0.0)
+        # A warm start shorter than its warmup warms up for all but its last step.
+        warmup = max(1, min(cfg.warmup_steps, cfg.steps - 1))
+        lr = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(cfg.steps, warmup + 1), 0.0)
     tx = optax.adam(lr)
     opt_state = tx.init(params)
     step = jax.jit(functools.partial(_sft_step, graphdef, tx))
@@ -153,6 +183,6 @@ def warm_start(graphdef, params, env_name: str, tasks, cfg: WarmStartConfig):
     losses = []
     for _ in range(cfg.steps):
         idx = rng.integers(0, len(tasks), cfg.batch_rows)
-        params, opt_state, loss = step(params, opt_state, {k: v[idx] for k, v in data.items()})
+        params, opt_state, loss = step(params, opt_state, frozen, {k: v[idx] for k, v in data.items()})
         losses.append(float(loss))
     return params, losses

@@ -1,0 +1,97 @@
+"""A published policy version, as the params a sampler runs: the rollout workers' and the
+evaluator's one way to read the store.
+
+A version holds either the whole model's params, or, when the learner trains LoRA
+adapters, the adapter alone (its metadata says `lora`). An adapter is applied to the base
+checkpoint the process loaded once (`--model`), so a version costs the adapter's bytes, not
+the model's. A version whose model config differs from this process's is refused, naming
+both: serving it would sample from the wrong architecture.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+from flax import nnx
+
+from core.contracts.store import PolicyStore, StoreError
+from core.policy import lora
+from core.policy.config import ModelConfig
+from core.policy.model import Transformer, abstract_tree
+
+
+class VersionLoader:
+    def __init__(
+        self,
+        store: PolicyStore,
+        cfg: ModelConfig | None,
+        template: nnx.State,
+        base: Callable[[], nnx.State] | None = None,
+    ):
+        """cfg: this process's model config (None: not checked); template: the plain
+        model's params State (shapes suffice); base: the base
+        checkpoint's params, called once, on the first adapter version."""
+        self.store, self.cfg, self._template = store, cfg, template
+        self._target = abstract_tree(nnx.to_pure_dict(template))
+        self._base_fn, self._base = base, None
+
+    def metadata(self, version: int) -> dict:
+        return self.store.read_metadata(version)
+
+    def load(self, version: int) -> tuple[nnx.State, dict]:
+        """(plain params State, the version's metadata file); StoreError when it cannot be served."""
+        meta = self.metadata(version)
+        published = meta.get("metadata", {})
+        if self.cfg is not None and "model_config" in published:
+            try:
+                want = ModelConfig.from_dict(published["model_config"])
+            except (TypeError, ValueError) as e:
+                raise StoreError(f"version {version}: its model_config is unreadable: {e}") from None
+            if want != self.cfg:
+                raise StoreError(
+                    f"version {version} was trained with another model config than this process's "
+                    f"(--model / --model_config): {_difference(want.to_dict(), self.cfg.to_dict())}"
+                )
+        if "lora" in published:
+            return self._merged(version, lora.LoraConfig.from_dict(published["lora"])), meta
+        state = jax.tree.map(lambda x: x, self._template)  # a fresh container, same structure
+        nnx.replace_by_pure_dict(state, self.store.load(version, self._target))
+        return state, meta
+
+    def _merged(self, version: int, lora_cfg: lora.LoraConfig) -> nnx.State:
+        if self._base_fn is None:
+            raise StoreError(f"version {version} is a LoRA adapter: serving it needs the base checkpoint (--model)")
+        if self._base is None:
+            self._base = self._base_fn()
+        adapter = self.store.load(version, _adapter_target(self.cfg, lora_cfg))
+        return lora.merge_params(self._base, adapter, lora_cfg)
+
+
+@functools.cache
+def _adapter_target(cfg: ModelConfig, lora_cfg: lora.LoraConfig) -> dict:
+    """The adapter's shapes for this model (no arrays allocated)."""
+    with nnx.use_eager_sharding(False):
+        adapted = nnx.eval_shape(lambda: lora.add_lora(Transformer(cfg, nnx.Rngs(0)), lora_cfg))
+    return abstract_tree(nnx.to_pure_dict(nnx.state(adapted, nnx.LoRAParam)))
+
+
+def _difference(a: dict, b: dict) -> str:
+    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return ", ".join(f"{k}: version {a.get(k)!r} vs here {b.get(k)!r}" for k in keys[:5])
+
+
+def base_params(checkpoint: str | None) -> Callable[[], nnx.State] | None:
+    """The base checkpoint's params, read when first called (only adapter versions need
+    them); None without a checkpoint (the built-in policy has no base to adapt)."""
+    if checkpoint is None:
+        return None
+
+    def read() -> nnx.State:
+        from core.policy.hf_weights import load_checkpoint
+
+        _, model = load_checkpoint(checkpoint)
+        return nnx.state(model, nnx.Param)
+
+    return read
