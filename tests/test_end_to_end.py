@@ -124,6 +124,7 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     acc = s.learner.accounting  # every requested trajectory is somewhere
     assert acc.balanced, acc
     assert acc.trained > 0 and acc.requested == (s.learner.requests_published + s.learner.requests_redone) * 4
+    assert s.learner.trajectories_tokens_verified == acc.trained  # trained exactly what was sampled
     rec = s.reconciliation  # the rollout workers' own counts, joined to the learner's
     assert rec.reconciled, rec
     assert rec.episodes >= rec.packed >= acc.received - acc.foreign > 0

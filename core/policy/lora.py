@@ -32,6 +32,10 @@ from core.policy.model import Transformer, abstract_model
 ATTENTION, MLP, HEAD = ("q", "kv", "out"), ("gate", "up", "down"), ("lm_head",)
 TARGETS = ATTENTION + MLP + HEAD
 BASE = "base_module"  # nnx.LoRA's attribute for the wrapped Linear (a path element)
+# Hugging Face's (PEFT's) names for the same layers; k and v share one fused projection here.
+HF_NAMES = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "o_proj": "out"} | {
+    f"{n}_proj": n for n in ("gate", "up", "down")
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,13 +45,21 @@ class LoraConfig:
     targets: tuple[str, ...] = knob(ATTENTION + MLP, f"the Linear layers to adapt, of {', '.join(TARGETS)}")
 
     def __post_init__(self):
+        # PEFT's target names are accepted (k_proj and v_proj both mean the fused kv).
+        named = [HF_NAMES.get(t, t) for t in self.targets]
+        if "k_proj" in self.targets and "v_proj" in self.targets:
+            named.remove("kv")
+        object.__setattr__(self, "targets", tuple(named))
         if self.rank < 0:
             raise ValueError(f"lora rank must be >= 0, got {self.rank}")
         if not self.alpha > 0:
             raise ValueError(f"lora alpha must be positive, got {self.alpha}")
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown:
-            raise ValueError(f"lora targets {unknown} are not Linear layers of the model; valid: {', '.join(TARGETS)}")
+            raise ValueError(
+                f"lora targets {unknown} are not Linear layers of the model; valid: {', '.join(TARGETS)} "
+                f"(or PEFT's {', '.join(HF_NAMES)})"
+            )
         if len(set(self.targets)) != len(self.targets):
             raise ValueError(f"lora targets {list(self.targets)} name a layer twice")
         if self.rank and not self.targets:

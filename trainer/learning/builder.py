@@ -214,6 +214,23 @@ def check_settings(cfg: LearnerJobConfig) -> None:
     except (KeyError, TypeError, ValueError) as e:
         why = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise ValueError(f"{why} (--env {cfg.env!r}, --env_config {json.dumps(cfg.env_config)})") from None
+    if cfg.model:
+        check_prompt_fits(cfg)
+
+
+def check_prompt_fits(cfg: LearnerJobConfig, turn_tokens: int = 32) -> None:
+    """A checkpoint's chat prompt (system turn, tools block) can be hundreds of tokens: a
+    layout whose episodes cannot hold it and one model turn is refused, with the numbers."""
+    spec = policy_spec(cfg.model)
+    fmt, env = chat_format_for(spec.tokenizer), environments.make(cfg.env, **cfg.env_config)
+    prompt = max(len(fmt.prompt_ids(t.prompt, env.tools())) for t in environments.make_tasks(cfg.env, 0, 8, "train"))
+    room = cfg.record_layout.trajectory_len
+    if prompt + turn_tokens > room:
+        raise ValueError(
+            f"--model {cfg.model}: a {cfg.env} prompt in its chat format is {prompt} tokens (tools block included), "
+            f"so episodes of at most {room} tokens (--max_trajectory_len / --seq_len) leave no room to act; "
+            f"give a longer layout (the demo sizes one from the checkpoint: localstack/launch/model_layout.py)"
+        )
 
 
 def make_consumer(cfg: LearnerJobConfig, layout: RecordLayout, start: Start, checkpointer) -> RecordConsumer:
