@@ -230,8 +230,8 @@ def test_config_refusals_and_flags():
         LoraConfig(rank=-1)
     with pytest.raises(ValueError, match="alpha must be positive"):
         LoraConfig(rank=4, alpha=0.0)
-    with pytest.raises(ValueError, match=r"\['k_proj'\].*valid: q, kv, out, gate, up, down, lm_head"):
-        LoraConfig(rank=4, targets=("q", "k_proj"))
+    with pytest.raises(ValueError, match=r"\['w_proj'\].*valid: q, kv, out, gate, up, down, lm_head"):
+        LoraConfig(rank=4, targets=("q", "w_proj"))
     with pytest.raises(ValueError, match="twice"):
         LoraConfig(rank=4, targets=("q", "q"))
     with pytest.raises(ValueError, match="at least one target"):

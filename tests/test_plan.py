@@ -28,7 +28,8 @@ def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):
     assert env["tool_calls_per_episode"] >= 1  # the calculator oracle calls its tool
     assert m["episode_s"] >= 0.05 * env["tool_calls_per_episode"]  # at least the tool waits
     assert 1 <= m["trajectories_per_record"] <= 4 * 4 and 0 < r["measured"]["learner"]["fill"] <= 1  # rows x segments
-    assert r["plan"]["max_in_flight"] % 8 == 0 and r["plan"]["max_in_flight"] >= 2 * 8 + 8  # the floor
+    g = cfg.group_size  # whole groups, never below the floor (2 records x 4 rows x 4 segments + a group)
+    assert r["plan"]["max_in_flight"] % g == 0 and r["plan"]["max_in_flight"] >= 2 * 4 * 4 + g
     assert r["rollout_rate_source"].startswith("engine only")
     # The flags parse in the jobs that take them.
     from pipelines.options import EngineOptions

@@ -65,7 +65,9 @@ ROLLOUT_CHANGES = dict(
     max_segments_per_row=3,
     buckets=(128, 256),
     max_trajectory_len=200,
+    model="/checkpoints/qwen2",
     engine_slots=8,
+    engine_prefill=32,
     max_concurrent_groups=4,
     commit_interval_s=0.5,
     request_shards=2,
@@ -110,7 +112,7 @@ def test_a_changed_evaluator_config_round_trips_through_argv():
         **dict(policy_root="/store", out="/out/eval.jsonl", env="guess", env_config={"max_turns": 3, "low": 1}),
         **dict(n=8, task_seed=3, data_dir="/data", modes="greedy", max_tokens=128, max_new_tokens_per_turn=16),
         **dict(slots=4, poll_s=0.5, stop_file="/out/final", timeout_s=60.0, seed=7, nice=5),
-        **dict(logdir="/logs", trace_dir="/traces"),
+        **dict(logdir="/logs", trace_dir="/traces", model="/checkpoints/qwen2"),
     )
     argv = config.to_argv(cfg)
     assert config.parse(EvaluatorConfig, argv) == cfg
