@@ -135,32 +135,70 @@ class InferenceEngine:
             await asyncio.sleep(0)  # let environments and new episodes run
 
     def _step(self) -> None:
+        """One engine step: a catch-up call for up to `prefill_slots` slots with input
+        (prompt, observation), then one decode call for every slot waiting on one token.
+        A slot never gets both in one step, and slots without input cost nothing in the
+        catch-up call."""
         t0 = time.perf_counter()
         params, version = self.policy_source()
         pending = {s: len(j.seq.tokens) - j.seq.cached for s, j in self._active.items()}
-        width = self.sampler.prefill if max(pending.values()) > 1 else 1
-        n = self.sampler.slots
-        tokens, start, n_valid = np.zeros((n, width), np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
-        for s in range(n):
-            owner = self._owner[s]
-            start[s] = min(owner.cached, self.sampler.length - 1) if owner is not None else 0
-        for s, job in self._active.items():
-            k = min(pending[s], width)
-            tokens[s, :k] = job.seq.tokens[job.seq.cached : job.seq.cached + k]
-            n_valid[s] = k
-        nxt, logp = self.sampler.step(params, tokens, start, n_valid)
+        fill = [s for s, p in pending.items() if p > 1][: self.sampler.prefill_slots]  # admission order
+        decode = [s for s, p in pending.items() if p == 1]
+        if fill:
+            self._take(self._catch_up(params, fill, pending), version)
+        if decode:
+            self._take(self._decode(params, decode), version)
         self.stats["steps"] += 1
-        self.stats["prefill_steps"] += width > 1
+        self.stats["prefill_steps"] += bool(fill)
+        self.stats["busy_s"] += time.perf_counter() - t0
+
+    def _start(self, s: int) -> int:
+        """Where slot s's next chunk goes: after what its owner has cached."""
+        owner = self._owner[s]
+        return min(owner.cached, self.sampler.length - 1) if owner is not None else 0
+
+    def _catch_up(self, params, fill: list[int], pending: dict) -> dict:
+        sampler = self.sampler
+        k, width = sampler.prefill_slots, sampler.prefill
+        # Pad to the compiled row count with other slots, fed nothing (their junk lands past
+        # their content, and a decode later in this step rewrites its own position).
+        rows = fill + [s for s in range(sampler.slots) if s not in fill][: k - len(fill)]
+        tokens, n_valid = np.zeros((k, width), np.int32), np.zeros(k, np.int32)
+        for i, s in enumerate(fill):
+            seq = self._active[s].seq
+            n_valid[i] = min(pending[s], width)
+            tokens[i, : n_valid[i]] = seq.tokens[seq.cached : seq.cached + n_valid[i]]
+        nxt, logp = sampler.prefill_rows(
+            params, np.array(rows), tokens, np.array([self._start(s) for s in rows]), n_valid
+        )
         self.stats["fed_tokens"] += int(n_valid.sum())
+        self.stats["slot_steps"] += k
+        return {s: (int(nxt[i]), float(logp[i]), int(n_valid[i])) for i, s in enumerate(fill)}
+
+    def _decode(self, params, decode: list[int]) -> dict:
+        n = self.sampler.slots
+        tokens, start, n_valid = np.zeros((n, 1), np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
+        for s in range(n):
+            start[s] = self._start(s)
+        for s in decode:
+            seq = self._active[s].seq
+            tokens[s, 0], n_valid[s] = seq.tokens[seq.cached], 1
+        nxt, logp = self.sampler.step(params, tokens, start, n_valid)
+        self.stats["fed_tokens"] += len(decode)
         self.stats["slot_steps"] += n
-        for s, job in list(self._active.items()):
+        return {s: (int(nxt[s]), float(logp[s]), 1) for s in decode}
+
+    def _take(self, results: dict, version: int) -> None:
+        """Each fed slot's cache advanced; one whose sequence is caught up gets its token."""
+        for s, (token, logp, fed) in results.items():
+            job = self._active[s]
             seq = job.seq
-            seq.cached += int(n_valid[s])
+            seq.cached += fed
             if seq.cached < len(seq.tokens):
                 continue  # still catching up
-            seq.tokens.append(int(nxt[s]))
+            seq.tokens.append(token)
             seq.loss_mask.append(1)
-            seq.logprobs.append(float(logp[s]))
+            seq.logprobs.append(logp)
             seq.versions.append(version)
             job.new += 1
             self.stats["generated_tokens"] += 1
@@ -170,7 +208,6 @@ class InferenceEngine:
                 or job.stop(seq.tokens[len(seq.tokens) - job.new :])
             ):
                 self._finish(s, job)
-        self.stats["busy_s"] += time.perf_counter() - t0
 
     def _finish(self, slot: int, job: _Job, error: Exception | None = None) -> None:
         del self._active[slot]

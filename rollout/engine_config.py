@@ -34,6 +34,12 @@ class EngineConfig:
         "prompts go faster with more (two widths compile: 1 and this)",
         flag="engine_prefill",
     )
+    prefill_slots: int = knob(
+        8,
+        "slots fed a catch-up chunk per engine step; the others with input wait a step (a chunk for "
+        "every slot would cost every slot the chunk's width whenever one episode has input)",
+        flag="engine_prefill_slots",
+    )
     max_concurrent_groups: int = knob(16, "requests (groups of G episodes) in flight per worker process")
     commit_interval_s: float = knob(0.2, "how often finished groups are committed downstream")
     request_shards: int = knob(4, "keys that requests are spread over (state and timers are per key)")
@@ -66,6 +72,7 @@ class EngineConfig:
         for name in (
             "slots",
             "prefill",
+            "prefill_slots",
             "max_concurrent_groups",
             "request_shards",
             "max_new_tokens_per_turn",

@@ -36,7 +36,9 @@ class RolloutWorker:
         self.tracer = trace.install(self.telemetry.tracer)
         self.groups_in_flight = self.episodes_in_flight = 0
         spec = policy_spec(cfg.model, cfg.model_config)  # the learner's --model: same config and tokenizer
-        self.sampler = Sampler(spec.cfg, slots=cfg.slots, length=cfg.max_tokens, prefill=cfg.prefill)
+        self.sampler = Sampler(
+            spec.cfg, cfg.slots, cfg.max_tokens, prefill=cfg.prefill, prefill_slots=cfg.prefill_slots
+        )
         store = PolicyStore(cfg.policy_root)
         loader = VersionLoader(store, spec.cfg, self.sampler.abstract_params, base_params(spec.checkpoint))
         self.policy = PolicyHandle(store, self.sampler.abstract_params, cfg.policy_poll_s, self.tracer, loader)

@@ -2,7 +2,8 @@
 
 One call feeds each slot a chunk of up to P known tokens (prompt, environment output,
 or the token it sampled last) into its KV cache and samples the token that follows the
-last valid one. Two chunk sizes are compiled: P = 1 for decoding and P = `prefill` for
+last valid one. Two shapes are compiled: every slot with P = 1 (`step`, decoding), and
+`prefill_slots` chosen slots with P = `prefill` (`prefill_rows`) for
 catching up on prompts and observations; nothing else ever recompiles. Sampling is at
 temperature 1 so the recorded log-prob is exactly the learner's log-prob of the same
 token under the same parameters. `greedy=True` takes the argmax instead (evaluation
@@ -24,7 +25,14 @@ from core.policy.model import abstract_model, split_params
 
 class Sampler:
     def __init__(
-        self, cfg: ModelConfig, slots: int, length: int, prefill: int = 16, seed: int = 0, greedy: bool = False
+        self,
+        cfg: ModelConfig,
+        slots: int,
+        length: int,
+        prefill: int = 16,
+        seed: int = 0,
+        greedy: bool = False,
+        prefill_slots: int | None = None,
     ):
         if length > cfg.max_seq_len:
             raise ValueError(
@@ -33,11 +41,15 @@ class Sampler:
         if slots < 1 or prefill < 1:
             raise ValueError(f"need slots >= 1 and prefill >= 1, got {slots}, {prefill}")
         self.cfg, self.slots, self.length, self.prefill, self.greedy = cfg, slots, length, prefill, greedy
+        # How many slots one catch-up call feeds (`prefill_rows`): only those with input pay
+        # for a chunk of `prefill` tokens, not every slot.
+        self.prefill_slots = min(prefill_slots or slots, slots)
         model = abstract_model(cfg)  # shapes only: the weights come from the policy store
         self.graphdef, self.abstract_params = split_params(model)
         self.cache = model.init_cache(slots, length)
         self._key = jax.random.key(seed)
         self._step = jax.jit(functools.partial(_chunk_step, self.graphdef, greedy), donate_argnums=(1,))
+        self._rows_step = jax.jit(functools.partial(_rows_step, self.graphdef, greedy), donate_argnums=(1,))
 
     def step(self, params, tokens: np.ndarray, start: np.ndarray, n_valid: np.ndarray | None = None):
         """tokens [S, P] (P is 1 or `prefill`), written at positions start[s] + 0..P-1;
@@ -52,13 +64,23 @@ class Sampler:
         nxt, logp, self.cache = self._step(params, self.cache, tokens, np.asarray(start, np.int32), n_valid, key)
         return np.asarray(nxt), np.asarray(logp)
 
+    def prefill_rows(self, params, rows: np.ndarray, tokens: np.ndarray, start: np.ndarray, n_valid: np.ndarray):
+        """`step` for the `prefill_slots` distinct slots `rows` only: tokens [K, prefill].
+        Rows with n_valid 0 (padding) write junk beyond their slot's content, as in `step`."""
+        self._key, key = jax.random.split(self._key)
+        args = (np.asarray(rows, np.int32), np.asarray(tokens, np.int32), np.asarray(start, np.int32))
+        nxt, logp, self.cache = self._rows_step(params, self.cache, *args, np.asarray(n_valid, np.int32), key)
+        return np.asarray(nxt), np.asarray(logp)
+
     def warmup(self, params) -> None:
-        """Compiles both chunk widths up front, so no episode pays for compilation."""
-        for width in sorted({1, self.prefill}):
-            self.step(params, np.zeros((self.slots, width), np.int32), np.zeros(self.slots), np.zeros(self.slots))
+        """Compiles the decode step and the catch-up step up front, so no episode pays for
+        compilation (the engine runs only these two shapes)."""
+        self.step(params, np.zeros((self.slots, 1), np.int32), np.zeros(self.slots), np.zeros(self.slots))
+        k = self.prefill_slots
+        self.prefill_rows(params, np.arange(k), np.zeros((k, self.prefill), np.int32), np.zeros(k), np.zeros(k))
 
     def compiled_variants(self) -> int:
-        return self._step._cache_size()
+        return self._step._cache_size() + self._rows_step._cache_size()
 
 
 def _chunk_step(graphdef, greedy, params, cache, tokens, start, n_valid, key):
@@ -68,3 +90,11 @@ def _chunk_step(graphdef, greedy, params, cache, tokens, start, n_valid, key):
     nxt = jnp.argmax(logits, axis=-1) if greedy else jax.random.categorical(key, logits, axis=-1)
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
     return nxt.astype(jnp.int32), logp, cache
+
+
+def _rows_step(graphdef, greedy, params, cache, rows, tokens, start, n_valid, key):
+    """_chunk_step on the cache rows of some slots: gathered, stepped, written back."""
+    sub = tuple((k[rows], v[rows]) for k, v in cache)
+    nxt, logp, sub = _chunk_step(graphdef, greedy, params, sub, tokens, start, n_valid, key)
+    cache = tuple((k.at[rows].set(sk), v.at[rows].set(sv)) for (k, v), (sk, sv) in zip(cache, sub))
+    return nxt, logp, cache

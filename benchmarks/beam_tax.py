@@ -1,0 +1,162 @@
+"""The Beam tax: the same episodes through the engine and episode loop alone, and through the
+rollout job on the direct runner, on the same pinned core, in one run.
+
+    .venv/bin/python benchmarks/beam_tax.py --init_policy RUN/policy-store --tool_latency fixed:2 --cpus 1
+
+(a) engine alone: one process pinned to --cpus runs the rollout job's own parts without
+    Beam: an InferenceEngine with the job's slots, `run_group` for --max_concurrent_groups
+    groups at a time (a new request the moment one ends, so work never runs out), the
+    environment with the tool latency. Nothing is packed or published.
+(b) rollout job: the real rollout job (emulator and pipeline pinned to --cpus), fed by a
+    feeder that never runs dry and drained by a sink (benchmarks/_utilization_modes.py).
+Both use the same policy (the store's newest version), environment, tool latency, group
+size, engine slots, concurrency and record layout, and count over the same window after the
+same warm-up: trajectories/s and tokens/s (every token of a trajectory, prompt included).
+The ratio (b) / (a) is the share of the engine's throughput the job keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _report import loadavg, machine_info, print_table
+from _utilization_modes import rollout_alone
+
+import environments
+from core import config
+from core.config import knob
+from core.contracts.store import PolicyStore
+from core.policy.sampling import Sampler
+from core.policy.sources import policy_spec
+from core.policy.versions import VersionLoader
+from rollout.engine import InferenceEngine
+from rollout.engine_config import EngineConfig
+from rollout.episodes import run_group
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamTaxConfig:
+    init_policy: str = knob(help="a policy store: its newest version is the policy of both modes")
+    tool_latency: str = knob("fixed:2", "per tool call")
+    env: str = knob("calculator", "the environment")
+    cpus: str = knob("1", "the one core both modes run on, in turn")
+    group_size: int = knob(8, "episodes per request (the demo's)")
+    warm_s: float = knob(15.0, "seconds after the first trajectory before counting")
+    measure_s: float = knob(45.0, "the counting window")
+    modes: str = knob("engine,job", "which modes to run: engine (a), job (b)")
+    workdir: str = knob("/tmp/beam-tax", "the job's emulator, logs and records")
+    out: str | None = knob(None, "write the results here as JSON")
+
+
+def engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
+    """Mode (a): the job's engine and episode loop in this process, pinned to cfg.cpus."""
+    os.sched_setaffinity(0, {int(c) for c in cfg.cpus.split(",")})
+    spec = policy_spec(engine_cfg.model, engine_cfg.model_config)
+    sampler = Sampler(
+        spec.cfg,
+        engine_cfg.slots,
+        engine_cfg.max_tokens,
+        prefill=engine_cfg.prefill,
+        prefill_slots=engine_cfg.prefill_slots,
+    )
+    store = PolicyStore(cfg.init_policy)
+    version = store.latest_version()
+    params, _ = VersionLoader(store, spec.cfg, sampler.abstract_params).load(version)
+    sampler.warmup(params)
+    engine = InferenceEngine(sampler, lambda: (params, version), engine_cfg.max_tokens)
+    tasks = environments.make_tasks(cfg.env, 7, 2000, "train")  # the job's feeder draws the same
+    counts = {"trajectories": 0, "tokens": 0}
+    clock: dict[str, float] = {}
+    delta: dict[str, float] = {}  # the engine's counters over the window
+
+    async def lane(k: int) -> None:
+        i = k
+        while "end" not in clock:
+            envs = [environments.make(cfg.env, tool_latency=cfg.tool_latency) for _ in range(cfg.group_size)]
+            group = await run_group(engine, envs, tasks[i % len(tasks)], f"r{i}", engine_cfg.limits)
+            i += engine_cfg.max_concurrent_groups
+            now = time.monotonic()
+            clock.setdefault("first", now)
+            if "start" in clock and now < clock.get("end", float("inf")):
+                counts["trajectories"] += len(group)
+                counts["tokens"] += sum(len(t) for t in group)
+
+    async def timer() -> None:
+        while "first" not in clock:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(cfg.warm_s)
+        clock["start"] = time.monotonic()
+        before = dict(engine.stats)
+        await asyncio.sleep(cfg.measure_s)
+        clock["end"] = time.monotonic()
+        delta.update({k: engine.stats[k] - before[k] for k in before})
+
+    async def main() -> None:
+        lanes = [asyncio.create_task(lane(k)) for k in range(engine_cfg.max_concurrent_groups)]
+        await timer()
+        for t in lanes:
+            t.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
+
+    asyncio.run(main())
+    wall = clock["end"] - clock["start"]
+    return {
+        "trajectories_per_s": counts["trajectories"] / wall,
+        "tokens_per_s": counts["tokens"] / wall,
+        "engine_busy": delta["busy_s"] / wall,
+        "engine_steps_per_s": delta["steps"] / wall,
+        "prefill_step_share": delta["prefill_steps"] / max(delta["steps"], 1),
+        "generated_tokens_per_s": delta["generated_tokens"] / wall,
+        "measured_s": round(wall, 1),
+    }
+
+
+def main(argv=None) -> int:
+    cfg = config.parse(BeamTaxConfig, argv, description=__doc__, prog="benchmarks/beam_tax.py")
+    engine_cfg = EngineConfig(policy_root=cfg.init_policy)  # the rollout job's defaults
+    results = {"machine": machine_info(), "load_start": loadavg(), "args": dataclasses.asdict(cfg), "modes": {}}
+    modes = cfg.modes.split(",")
+    if "engine" in modes:
+        print("=== (a) engine and episode loop alone", flush=True)
+        results["modes"]["engine"] = engine_alone(cfg, engine_cfg)
+    if "job" in modes:
+        print("=== (b) the rollout job on the direct runner", flush=True)
+        job = rollout_alone(
+            Path(cfg.init_policy),
+            cfg.tool_latency,
+            Path(cfg.workdir),
+            rollout_cpus={int(c) for c in cfg.cpus.split(",")},
+            group_size=cfg.group_size,
+            warm_s=cfg.warm_s,
+            measure_s=cfg.measure_s,
+            env_name=cfg.env,
+        )
+        results["modes"]["job"] = {k: v for k, v in job.items() if k != "trajectories_per_s_by_5s"}
+    results["load_end"] = loadavg()
+    rows = [[m, r["trajectories_per_s"], r["tokens_per_s"], r.get("engine_busy")] for m, r in results["modes"].items()]
+    if {"engine", "job"} <= set(results["modes"]):
+        a, b = results["modes"]["engine"], results["modes"]["job"]
+        results["job_over_engine"] = b["trajectories_per_s"] / a["trajectories_per_s"]
+        rows.append(["job / engine", results["job_over_engine"], b["tokens_per_s"] / a["tokens_per_s"], None])
+    print_table(
+        f"Beam tax: {cfg.env} at {cfg.tool_latency}, core {cfg.cpus}",
+        ["mode", "trajectories/s", "tokens/s", "engine busy"],
+        rows,
+    )
+    if cfg.out:
+        Path(cfg.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
