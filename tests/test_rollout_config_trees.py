@@ -68,6 +68,7 @@ ROLLOUT_CHANGES = dict(
     model="/checkpoints/qwen2",
     engine_slots=8,
     engine_prefill=32,
+    engine_prefill_slots=4,
     max_concurrent_groups=4,
     commit_interval_s=0.5,
     request_shards=2,
