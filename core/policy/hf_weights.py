@@ -113,7 +113,7 @@ def load_checkpoint(checkpoint: str | Path, dtype=jnp.float32) -> tuple[ModelCon
         if cfg.tie_embeddings and "lm_head.weight" in files:
             _check_tied(files, readers)
         values = _assemble(table, params, files, readers, dtype)
-    nnx.replace_by_pure_dict(state, _nest(values))
+    nnx.replace_by_pure_dict(state, nest(values))
     return cfg, nnx.merge(graphdef, state)
 
 
@@ -159,7 +159,8 @@ def _check_tied(files: dict, readers: dict) -> None:
         )
 
 
-def _nest(flat: dict) -> dict:
+def nest(flat: dict) -> dict:
+    """{(k1, k2, ...): v} -> {k1: {k2: ... v}}."""
     out: dict = {}
     for path, value in flat.items():
         node = out

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from core.config import knob
+from core.policy.hf_weights import nest
 from core.policy.model import Transformer, abstract_model
 
 ATTENTION, MLP, HEAD = ("q", "kv", "out"), ("gate", "up", "down"), ("lm_head",)
@@ -212,7 +213,7 @@ def merge(model: Transformer) -> Transformer:
     want = {p for p, _ in nnx.to_flat_state(plain)}
     if set(base) != want:
         raise ValueError(f"the model's base params differ from its config's: {sorted(set(base) ^ want, key=str)}")
-    nnx.replace_by_pure_dict(plain, _nest(base))
+    nnx.replace_by_pure_dict(plain, nest(base))
     return nnx.merge(plain_graphdef, _merge_state(plain, modules, scales))
 
 
@@ -221,13 +222,3 @@ def _module_at(model, path: tuple):
     for k in path:
         node = node[k] if isinstance(k, int) else getattr(node, k)
     return node
-
-
-def _nest(flat: dict) -> dict:
-    out: dict = {}
-    for path, value in flat.items():
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out

@@ -64,6 +64,14 @@ def policy_spec(model: str | os.PathLike | None, model_config: str = "tiny") -> 
     path = Path(model)
     if not path.is_dir():
         raise FileNotFoundError(f"--model {os.fspath(model)!r}: not a checkpoint directory")
+    cfg, tok = _checked_pair(path)
+    if not tok.chat_templates:
+        raise ValueError(f"--model {path}: its tokenizer has no chat template, so episodes cannot be rendered")
+    return PolicySpec(cfg, tok, os.fspath(path))
+
+
+def _checked_pair(path: Path) -> tuple[ModelConfig, Tokenizer]:
+    """A checkpoint's config.json and tokenizer, refused by file when their vocabularies disagree."""
     from core.policy.hf_config import read_hf_config
 
     tok, cfg = load_tokenizer(path), read_hf_config(path)
@@ -71,9 +79,7 @@ def policy_spec(model: str | os.PathLike | None, model_config: str = "tiny") -> 
         check_vocab(cfg, tok.vocab_size)
     except ValueError as e:
         raise ValueError(f"{path / 'tokenizer.json'} against {path / 'config.json'} (vocab_size): {e}") from None
-    if not tok.chat_templates:
-        raise ValueError(f"--model {path}: its tokenizer has no chat template, so episodes cannot be rendered")
-    return PolicySpec(cfg, tok, os.fspath(path))
+    return cfg, tok
 
 
 def policy_metadata(cfg: ModelConfig, tokenizer_source: str | os.PathLike = BYTE, **extra) -> dict:
@@ -100,14 +106,9 @@ def load_policy(spec: str | os.PathLike, dtype=jnp.float32) -> Policy:
     path = Path(spec)
     if not path.is_dir():
         raise FileNotFoundError(f"--model {spec!r}: not a checkpoint directory (nor store:PATH[@VERSION])")
-    from core.policy.hf_config import read_hf_config
     from core.policy.hf_weights import load_checkpoint  # safetensors only for a checkpoint
 
-    tok = load_tokenizer(path)
-    try:  # before any weight is read
-        check_vocab(read_hf_config(path), tok.vocab_size)
-    except ValueError as e:
-        raise ValueError(f"{path / 'tokenizer.json'} against {path / 'config.json'} (vocab_size): {e}") from None
+    _, tok = _checked_pair(path)  # before any weight is read
     cfg, model = load_checkpoint(path, dtype=dtype)
     return Policy(cfg, model, tok, spec, None, os.fspath(path))
 

@@ -37,12 +37,9 @@ class VersionLoader:
         self._target = abstract_tree(nnx.to_pure_dict(template))
         self._base_fn, self._base = base, None
 
-    def metadata(self, version: int) -> dict:
-        return self.store.read_metadata(version)
-
     def load(self, version: int) -> tuple[nnx.State, dict]:
         """(plain params State, the version's metadata file); StoreError when it cannot be served."""
-        meta = self.metadata(version)
+        meta = self.store.read_metadata(version)
         published = meta.get("metadata", {})
         if self.cfg is not None and "model_config" in published:
             try:
