@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _report import loadavg, machine_info, print_table
+from _tax_budget import BudgetProbe, budget_rows
 from _utilization_modes import rollout_alone
 
 import environments
@@ -53,14 +55,29 @@ class BeamTaxConfig:
     group_size: int = knob(8, "episodes per request (the demo's)")
     warm_s: float = knob(15.0, "seconds after the first trajectory before counting")
     measure_s: float = knob(45.0, "the counting window")
-    modes: str = knob("engine,job", "which modes to run: engine (a), job (b)")
+    modes: str = knob("engine,job", "which modes to run: engine (a), job (b), baseline (b with --baseline_flags)")
+    baseline_flags: str = knob(
+        "--queued_groups 0 --admit_poll_s 0.5 --dofn_per_bundle",
+        "the rollout job's flags in the baseline mode (the admission and DoFn handling before issue 22)",
+    )
     workdir: str = knob("/tmp/beam-tax", "the job's emulator, logs and records")
     out: str | None = knob(None, "write the results here as JSON")
+    budget: bool = knob(
+        True, "profile the job over its window: a per-trajectory time budget (py-spy, if installed, splits the CPU)"
+    )
 
 
 def engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
     """Mode (a): the job's engine and episode loop in this process, pinned to cfg.cpus."""
+    own = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {int(c) for c in cfg.cpus.split(",")})
+    try:
+        return _engine_alone(cfg, engine_cfg)
+    finally:
+        os.sched_setaffinity(0, own)  # the job modes' feeder and sink run off the job's core
+
+
+def _engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
     spec = policy_spec(engine_cfg.model, engine_cfg.model_config)
     sampler = Sampler(
         spec.cfg,
@@ -121,6 +138,35 @@ def engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
     }
 
 
+def rollout_job(cfg: BeamTaxConfig, flags: list[str]) -> tuple[dict, dict | None]:
+    """Mode (b): the rollout job with these extra flags; and its time budget (cfg.budget)."""
+    # Inside the job's counting window: it opens warm_s after the first trajectory, which
+    # comes some 20 s after the job starts (imports, compiles).
+    cores = {int(c) for c in cfg.cpus.split(",")}
+    rest = set(range(os.cpu_count() or 1)) - cores
+    own = os.sched_getaffinity(0)
+    if rest:  # this process feeds and drains the job (the learner's side): not on its core
+        os.sched_setaffinity(0, rest)
+    probe = BudgetProbe(cfg.warm_s + 25.0, max(10.0, cfg.measure_s - 30.0), {int(c) for c in cfg.cpus.split(",")})
+    if cfg.budget:
+        probe.start()
+    job = rollout_alone(
+        Path(cfg.init_policy),
+        cfg.tool_latency,
+        Path(cfg.workdir),
+        rollout_cpus={int(c) for c in cfg.cpus.split(",")},
+        group_size=cfg.group_size,
+        warm_s=cfg.warm_s,
+        measure_s=cfg.measure_s,
+        env_name=cfg.env,
+        plan_flags=flags,
+    )
+    if cfg.budget:
+        probe.join(timeout=60.0)
+    os.sched_setaffinity(0, own)
+    return {k: v for k, v in job.items() if k != "trajectories_per_s_by_5s"}, probe.result
+
+
 def main(argv=None) -> int:
     cfg = config.parse(BeamTaxConfig, argv, description=__doc__, prog="benchmarks/beam_tax.py")
     engine_cfg = EngineConfig(policy_root=cfg.init_policy)  # the rollout job's defaults
@@ -129,30 +175,33 @@ def main(argv=None) -> int:
     if "engine" in modes:
         print("=== (a) engine and episode loop alone", flush=True)
         results["modes"]["engine"] = engine_alone(cfg, engine_cfg)
-    if "job" in modes:
-        print("=== (b) the rollout job on the direct runner", flush=True)
-        job = rollout_alone(
-            Path(cfg.init_policy),
-            cfg.tool_latency,
-            Path(cfg.workdir),
-            rollout_cpus={int(c) for c in cfg.cpus.split(",")},
-            group_size=cfg.group_size,
-            warm_s=cfg.warm_s,
-            measure_s=cfg.measure_s,
-            env_name=cfg.env,
-        )
-        results["modes"]["job"] = {k: v for k, v in job.items() if k != "trajectories_per_s_by_5s"}
+    for mode in ("baseline", "job"):  # the older admission first, then today's
+        if mode in modes:
+            flags = shlex.split(cfg.baseline_flags) if mode == "baseline" else []
+            print(f"=== (b) the rollout job on the direct runner {' '.join(flags)}", flush=True)
+            results["modes"][mode], budget = rollout_job(cfg, flags)
+            if budget:
+                results.setdefault("budget", {})[mode] = budget
     results["load_end"] = loadavg()
     rows = [[m, r["trajectories_per_s"], r["tokens_per_s"], r.get("engine_busy")] for m, r in results["modes"].items()]
-    if {"engine", "job"} <= set(results["modes"]):
-        a, b = results["modes"]["engine"], results["modes"]["job"]
-        results["job_over_engine"] = b["trajectories_per_s"] / a["trajectories_per_s"]
-        rows.append(["job / engine", results["job_over_engine"], b["tokens_per_s"] / a["tokens_per_s"], None])
+    for mode in ("baseline", "job"):
+        if {"engine", mode} <= set(results["modes"]):
+            a, b = results["modes"]["engine"], results["modes"][mode]
+            results[f"{mode}_over_engine"] = b["trajectories_per_s"] / a["trajectories_per_s"]
+            ratio = [results[f"{mode}_over_engine"], b["tokens_per_s"] / a["tokens_per_s"], None]
+            rows.append([f"{mode} / engine", *ratio])
     print_table(
         f"Beam tax: {cfg.env} at {cfg.tool_latency}, core {cfg.cpus}",
         ["mode", "trajectories/s", "tokens/s", "engine busy"],
         rows,
     )
+    for mode, b in results.get("budget", {}).items():
+        print_table(
+            f"Where the {mode} job's core goes, per trajectory ({b['window_s']:.0f} s window"
+            f"{', py-spy' if b['profiled'] else ', no py-spy: Python threads are one category'})",
+            ["part", "share of the core", "ms / trajectory"],
+            budget_rows(b, results["modes"][mode]["trajectories_per_s"]),
+        )
     if cfg.out:
         Path(cfg.out).write_text(json.dumps(results, indent=2))
     return 0

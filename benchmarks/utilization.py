@@ -64,6 +64,10 @@ class UtilizationConfig:
     warmstart_steps: int = knob(600, "for the one initial policy")
     init_policy: str | None = knob(None, "a policy store to start from (unset: warm start one)")
     measure_s: float = knob(45.0, "rollout-alone window, s")
+    eval_n: int = knob(
+        0, "held-out tasks per evaluated version in the sync and async runs (0: none); gives the time to --target"
+    )
+    target: float = knob(0.9, "held-out (sampled) success whose time from v0 is reported")
     workdir: str = knob("/tmp/utilization", "run directories")
     out: str | None = knob(None, "write utilization.json and utilization.png here")
 
@@ -105,6 +109,12 @@ def staleness(summary: RunSummary) -> tuple[float, int]:
     return (sum(k * v for k, v in hist.items()) / n if n else 0.0), max(hist, default=0)
 
 
+def time_to_target(s: DemoSummary) -> float | None:
+    """Seconds from v0's publication to the first version at the target, sampled (None: not reached)."""
+    hit = s.held_out.get("sampled", {}).get("first_at_target")
+    return hit["rl_s"] if hit else None
+
+
 def row(mode: str, s: DemoSummary, layout: LayoutConfig) -> dict:
     L = s.learner
     mean_st, max_st = staleness(L)
@@ -128,6 +138,8 @@ def row(mode: str, s: DemoSummary, layout: LayoutConfig) -> dict:
         "fill": round(L.tokens_consumed / max(1, L.records_consumed * shape.rows * shape.seq_len), 3),
         "padding_records": rounds.padding_records if rounds else 0,
         "extra_steps": rounds.extra_steps if rounds else 0,
+        "time_to_target_s": time_to_target(s),
+        "held_out_last": s.held_out.get("sampled", {}).get("last"),
     }
 
 
@@ -176,7 +188,8 @@ def run(args) -> dict:
         runs = demo_config(
             args.run,
             warmstart_steps=0,
-            eval_n=0,
+            eval_n=args.eval_n,
+            target=args.target,
             keep_zero_signal=True,
             tool_latency=lat,
             max_steps=args.run.steps,
@@ -226,6 +239,7 @@ def print_tables(r: dict) -> None:
                     m["max_staleness"],
                     m["fill"],
                     m["versions"],
+                    m.get("time_to_target_s"),
                 ]
             )
     print_table(
@@ -244,6 +258,7 @@ def print_tables(r: dict) -> None:
             "max stale",
             "fill",
             "versions",
+            "s to target",
         ],
         rows,
     )

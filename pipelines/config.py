@@ -47,6 +47,11 @@ class RolloutJobConfig:
     engine: EngineConfig = section(EngineConfig, help="each worker's inference engine and episodes")
     packing: PackingConfig = section(PackingConfig, help="packing trajectories into records")
     heartbeat_s: float = knob(0.1, "DirectRunner only: keep-alive interval so timers fire on time (0 = off)")
+    dofn_per_bundle: bool = knob(
+        False,
+        "DirectRunner only: Beam's own fresh unpickled DoFn for every bundle (off: one per executor "
+        "thread, pipelines/direct_runner.py)",
+    )
 
     @classmethod
     def derive_section(cls, name: str, built: dict) -> dict:

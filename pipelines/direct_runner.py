@@ -11,6 +11,13 @@ specs are declared as default arguments of a DoFn's methods, i.e. per class, so 
 them by class is exact; argument lists are cached per class and method where the method
 is the class's own.
 
+The runner also pickles and unpickles every ParDo's DoFn at the start of every bundle (its
+check that the DoFn survives pickling, and a fresh instance per bundle): a fifth of the
+executor thread in the rollout job's profile (benchmarks/beam_tax.py). The patch round-trips
+each DoFn once per executor thread and reuses that copy for the thread's later bundles, as
+a Dataflow worker reuses its deserialised DoFn; setup/teardown still run per bundle, and a
+DoFn that does not pickle still fails at its first bundle.
+
 Applied only under the direct runners (Dataflow builds each DoFn once per worker).
 `apply()` / `undo()` or `with patched():`; on a Beam version not in KNOWN_BEAM_VERSIONS
 nothing is patched and a warning names the version (the job runs, slower).
@@ -42,7 +49,7 @@ class _Patch:
     def applied(self) -> bool:
         return bool(self._saved)
 
-    def apply(self) -> bool:
+    def apply(self, reuse_dofns: bool = True) -> bool:
         """Patches Beam; False (and a warning) on a Beam version it was not written for."""
         with self._lock:
             if self._saved:
@@ -55,7 +62,7 @@ class _Patch:
                     ", ".join(KNOWN_BEAM_VERSIONS),
                 )
                 return False
-            for owner, name, value in _replacements():
+            for owner, name, value in _replacements(reuse_dofns):
                 self._saved.append((owner, name, getattr(owner, name)))
                 setattr(owner, name, value)
             return True
@@ -67,7 +74,7 @@ class _Patch:
                 setattr(owner, name, original)
 
 
-def _replacements() -> list[tuple[object, str, object]]:
+def _replacements(reuse_dofns: bool) -> list[tuple[object, str, object]]:
     from apache_beam.runners.direct import transform_evaluator
     from apache_beam.transforms import core, userstate
 
@@ -92,19 +99,41 @@ def _replacements() -> list[tuple[object, str, object]]:
         args, defaults = args_cache[key]
         return list(args), list(defaults)
 
+    reuse = [(transform_evaluator, "pickler", _RoundTripOnce(transform_evaluator.pickler))] if reuse_dofns else []
     return [
+        *reuse,
         (userstate, "get_dofn_specs", get_dofn_specs),  # is_stateful_dofn looks it up here at call time
         (transform_evaluator, "get_dofn_specs", get_dofn_specs),  # imported by name there
         (core, "get_function_arguments", get_function_arguments),  # MethodWrapper looks it up at call time
     ]
 
 
+class _RoundTripOnce:
+    """Beam's pickler module, but `roundtrip(dofn)` answers the same copy of the same DoFn
+    object on the same thread (bundles of one step may run on several executor threads)."""
+
+    def __init__(self, pickler):
+        self._pickler = pickler
+        self._local = threading.local()
+
+    def __getattr__(self, name):
+        return getattr(self._pickler, name)
+
+    def roundtrip(self, obj):
+        copies = self._local.__dict__.setdefault("copies", {})
+        hit = copies.get(id(obj))
+        if hit is None or hit[0] is not obj:  # keep the original, so its id is never reused
+            hit = copies[id(obj)] = (obj, self._pickler.roundtrip(obj))
+        return hit[1]
+
+
 _PATCH = _Patch()
 
 
-def apply() -> bool:
-    """Applies the direct-runner patches to this process (idempotent); True if applied."""
-    return _PATCH.apply()
+def apply(reuse_dofns: bool = True) -> bool:
+    """Applies the direct-runner patches to this process (idempotent); True if applied.
+    reuse_dofns=False leaves Beam's per-bundle DoFn round trip alone."""
+    return _PATCH.apply(reuse_dofns)
 
 
 def undo() -> None:

@@ -93,7 +93,7 @@ def run(argv=None) -> None:
         raise SystemExit(f"missing required flags: {', '.join(cfg.io.missing)}")
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
     if runner in DIRECT_RUNNERS:
-        direct_runner.apply()
+        direct_runner.apply(reuse_dofns=not cfg.dofn_per_bundle)
         if cfg.heartbeat_s > 0:
             start_heartbeat(cfg.io.requests_subscription, cfg.heartbeat_s)
     with beam.Pipeline(options=options) as p:

@@ -66,7 +66,18 @@ class EpisodeGroupFn(beam.DoFn):
 
     async def process(self, kv):
         req, w = kv[1], self.worker
-        w.groups_in_flight += 1  # one event loop runs every process(): no lock needed
+        w.groups_queued += 1  # one event loop runs every process(): no lock needed
+        waiting = True
+        try:
+            async with w.group_slots:
+                w.groups_queued, waiting = w.groups_queued - 1, False
+                return await self._run(req, w)
+        finally:
+            if waiting:  # cancelled while queued
+                w.groups_queued -= 1
+
+    async def _run(self, req, w):
+        w.groups_in_flight += 1
         w.episodes_in_flight += req.group_size
         try:
             if req.group_size > w.sampler.slots:
@@ -116,9 +127,14 @@ class RunEpisodes(beam.PTransform):
     def expand(self, requests):
         eng = self.cfg
         shards = eng.request_shards
+        # The wrapper holds running *and* queued requests: with room to spare, Beam's thread
+        # rarely blocks on a full buffer (it sleeps in up-to-max_wait_time naps there, and
+        # fires no timers, so no finished group is committed meanwhile). The semaphore in
+        # EpisodeGroupFn bounds what runs.
         run = AsyncWrapper(
             EpisodeGroupFn(eng),
-            max_items_to_buffer=eng.max_concurrent_groups,
+            max_items_to_buffer=eng.max_concurrent_groups + eng.queued_groups,
+            max_wait_time=eng.admit_poll_s,
             callback_frequency=eng.commit_interval_s,
             id_fn=lambda r: r.request_id,
             use_asyncio=True,

@@ -41,6 +41,14 @@ class EngineConfig:
         flag="engine_prefill_slots",
     )
     max_concurrent_groups: int = knob(16, "requests (groups of G episodes) in flight per worker process")
+    queued_groups: int = knob(
+        16,
+        "requests a worker holds ready beyond max_concurrent_groups, so one starts the moment another "
+        "ends (0: Beam's thread admits each one when it next finds room)",
+    )
+    admit_poll_s: float = knob(
+        0.02, "the longest nap of Beam's thread while the worker's request buffer is full (Beam's default: 0.5)"
+    )
     commit_interval_s: float = knob(0.2, "how often finished groups are committed downstream")
     request_shards: int = knob(4, "keys that requests are spread over (state and timers are per key)")
     max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate")
@@ -81,7 +89,10 @@ class EngineConfig:
             v = getattr(self, name)
             if type(v) is not int or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if type(self.queued_groups) is not int or self.queued_groups < 0:
+            raise ValueError(f"queued_groups must be an int >= 0, got {self.queued_groups!r}")
         for name in (
+            "admit_poll_s",
             "commit_interval_s",
             "policy_poll_s",
             "policy_wait_s",

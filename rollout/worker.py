@@ -34,7 +34,8 @@ class RolloutWorker:
         # The process's telemetry and tracer, found by the DoFns through current().
         self.telemetry = install(make_telemetry(cfg.logdir, cfg.trace_dir, cfg.telemetry_every_s))
         self.tracer = trace.install(self.telemetry.tracer)
-        self.groups_in_flight = self.episodes_in_flight = 0
+        self.groups_in_flight = self.episodes_in_flight = self.groups_queued = 0
+        self._group_slots: asyncio.Semaphore | None = None  # made on the episodes' event loop
         spec = policy_spec(cfg.model, cfg.model_config)  # the learner's --model: same config and tokenizer
         self.sampler = Sampler(
             spec.cfg, cfg.slots, cfg.max_tokens, prefill=cfg.prefill, prefill_slots=cfg.prefill_slots
@@ -61,9 +62,18 @@ class RolloutWorker:
             "policy_reloads": self.policy.reloads,
             "policy_reload_failures": self.policy.failed_loads,
             "groups_in_flight": self.groups_in_flight,
+            "groups_queued": self.groups_queued,
             "episodes_in_flight": self.episodes_in_flight,
             "engine_busy_s": self.engine.stats["busy_s"],
         }
+
+    @property
+    def group_slots(self) -> asyncio.Semaphore:
+        """At most max_concurrent_groups requests run episodes at once; the rest wait here, on
+        the event loop, and start the moment one ends (not when Beam's thread next looks)."""
+        if self._group_slots is None:
+            self._group_slots = asyncio.Semaphore(self.cfg.max_concurrent_groups)
+        return self._group_slots
 
     async def wait_for_version(self, version: int) -> bool:
         """Waits (without blocking other episodes) until the background poller has loaded

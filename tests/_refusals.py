@@ -187,7 +187,7 @@ def _rollout(argv, events):
 
     with contextlib.ExitStack() as stack:
         # Process-wide patches of Beam: not here.
-        stack.enter_context(mock.patch.object(rollout.direct_runner, "apply", lambda: False))
+        stack.enter_context(mock.patch.object(rollout.direct_runner, "apply", lambda **_: False))
         stack.enter_context(mock.patch.object(rollout, "start_heartbeat", heartbeat))
         stack.enter_context(mock.patch.object(rollout, "build", build))
         stack.enter_context(mock.patch.object(rollout.beam, "Pipeline", NoPipeline))

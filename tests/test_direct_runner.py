@@ -71,11 +71,19 @@ def test_memoised_introspection_answers_as_beam_does():
 def test_undo_puts_beams_functions_back():
     from apache_beam.runners.direct import transform_evaluator
 
-    originals = core.get_function_arguments, userstate.get_dofn_specs, transform_evaluator.get_dofn_specs
+    def current():
+        return (
+            core.get_function_arguments,
+            userstate.get_dofn_specs,
+            transform_evaluator.get_dofn_specs,
+            transform_evaluator.pickler,
+        )
+
+    originals = current()
     assert direct_runner.apply() and direct_runner.apply()  # idempotent
-    assert core.get_function_arguments is not originals[0] and userstate.get_dofn_specs is not originals[1]
+    assert all(now is not before for now, before in zip(current(), originals))
     direct_runner.undo()
-    assert (core.get_function_arguments, userstate.get_dofn_specs, transform_evaluator.get_dofn_specs) == originals
+    assert current() == originals
     assert not direct_runner.applied()
 
 
@@ -89,6 +97,67 @@ def test_patched_and_unpatched_beam_give_the_same_output(tmp_path):
     assert not direct_runner.applied()
     assert plain == patched
     assert plain == sorted(f"{k}:{n}" for k in range(3) for n in range(1, 5))
+
+
+class _Bundles(beam.DoFn):
+    """Counts its own bundles and setups: a fresh instance per bundle would see 1 each time."""
+
+    def __init__(self):
+        self.bundles = self.setups = 0
+
+    def setup(self):
+        self.setups += 1
+
+    def start_bundle(self):
+        self.bundles += 1
+
+    def process(self, element):
+        yield (element, self.bundles, self.setups)
+
+
+def test_each_dofn_is_round_tripped_once_per_thread():
+    from apache_beam.runners.direct import transform_evaluator
+
+    with direct_runner.patched():
+        fn, other = _Bundles(), _Bundles()
+        first = transform_evaluator.pickler.roundtrip(fn)
+        assert first is not fn and transform_evaluator.pickler.roundtrip(fn) is first
+        assert transform_evaluator.pickler.roundtrip(other) is not first
+        assert transform_evaluator.pickler.dumps is not None  # the rest of the module is Beam's
+        with pytest.raises(TypeError, match="not picklable"):  # an unpicklable DoFn still fails
+            transform_evaluator.pickler.roundtrip(_Unpicklable())
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("not picklable")
+
+
+_SEEN: list[tuple[int, int, int]] = []
+
+
+def _record(row):  # by reference (a module function), so every copy appends to _SEEN
+    _SEEN.append(row)
+
+
+def test_a_reused_dofn_sees_every_bundle_and_is_set_up_for_each():
+    from apache_beam.testing.test_stream import TestStream
+
+    def run():
+        _SEEN.clear()
+        options = PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"])
+        stream = TestStream().add_elements([1]).add_elements([2]).add_elements([3]).advance_watermark_to_infinity()
+        with beam.Pipeline(options=options) as p:
+            _ = p | stream | beam.ParDo(_Bundles()) | beam.Map(_record)
+        return sorted(_SEEN)
+
+    plain = run()
+    with direct_runner.patched():
+        patched = run()
+    assert [e for e, _, _ in plain] == [e for e, _, _ in patched] == [1, 2, 3]
+    assert {(b, s) for _, b, s in plain} == {(1, 1)}  # Beam's own: a fresh copy per bundle
+    # Patched: one copy for every bundle; it counted them and was set up again for each.
+    assert sorted((b, s) for _, b, s in patched) == [(1, 1), (2, 2), (3, 3)]
 
 
 def test_an_unknown_beam_version_is_not_patched(monkeypatch, caplog):

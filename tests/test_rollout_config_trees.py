@@ -70,6 +70,8 @@ ROLLOUT_CHANGES = dict(
     engine_prefill=32,
     engine_prefill_slots=4,
     max_concurrent_groups=4,
+    queued_groups=2,
+    admit_poll_s=0.1,
     commit_interval_s=0.5,
     request_shards=2,
     max_new_tokens_per_turn=24,
@@ -90,6 +92,7 @@ ROLLOUT_CHANGES = dict(
     overlong="drop",
     allowed_lateness_s=0.0,
     heartbeat_s=0.0,
+    dofn_per_bundle=True,
 )
 
 

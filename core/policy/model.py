@@ -2,6 +2,8 @@
 
 Attention is causal *and* restricted to the query's own segment, and RoPE uses the
 per-segment positions, so a trajectory scores the same alone or packed with others.
+Given a bound on segment length (`span`), long rows compute only the band of keys a
+query can see (core/policy/banded_attention.py) instead of the dense [T, T] mask.
 
 One implementation serves every family in core/policy/config.py: the built-in byte-level
 policy and the Hugging Face checkpoints (Qwen2/2.5, Qwen3, Llama 3.x, Gemma 3 text). A
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from core.policy.banded_attention import Band, band_block, banded_attention
 from core.policy.config import SLIDING, ModelConfig
 from core.policy.rope import apply_rope, inverse_frequencies
 
@@ -98,6 +101,9 @@ class Attention(nnx.Module):
         return float(np.sqrt(self.head_dim if scalar is None else scalar))
 
     def _attend(self, q, k, v, mask):
+        if isinstance(mask, Band):  # packed rows of short segments: only the band is computed
+            y = banded_attention(q, k, v, mask, self.window, self._score_divisor())
+            return self.out(y.reshape(y.shape[0], y.shape[1], -1))
         groups = self.cfg.n_heads // self.cfg.n_kv_heads
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
         if self.cfg.query_pre_attn_scalar is not None:
@@ -201,13 +207,22 @@ class Transformer(nnx.Module):
         logits = self.embed.attend(x) if self.cfg.tie_embeddings else self.lm_head(x)
         return logits.astype(jnp.float32)
 
-    def __call__(self, tokens, segment_ids, positions):
-        """tokens, segment_ids, positions: int [B, T] -> logits float32 [B, T, vocab]."""
-        mask = segment_causal_mask(segment_ids)
-        sliding = mask & window_mask(positions, self.cfg.sliding_window) if self.cfg.sliding_window else mask
+    def __call__(self, tokens, segment_ids, positions, span: int | None = None, block: int | None = None):
+        """tokens, segment_ids, positions: int [B, T] -> logits float32 [B, T, vocab].
+
+        span: a bound on every segment's length (static). Given, and the rows long enough
+        that it pays, attention is banded (core/policy/banded_attention.py; `block`: its
+        query block size, default there): the same logits wherever a token is not padding,
+        provided no segment is longer than span. None: the dense segment-causal mask."""
+        block = None if span is None else band_block(tokens.shape[1], span, block)
+        if block is not None:  # each layer applies its own window inside the band
+            mask = sliding = Band(segment_ids, positions, span, block)
+        else:
+            mask = segment_causal_mask(segment_ids)
+            sliding = mask & window_mask(positions, self.cfg.sliding_window) if self.cfg.sliding_window else mask
         x = self._embed(tokens)
-        for block in self.blocks:
-            x = block(x, positions, sliding if block.attn.window else mask)
+        for layer in self.blocks:
+            x = layer(x, positions, sliding if layer.attn.window else mask)
         return self._logits(x)
 
     def decode(self, tokens, start, cache):

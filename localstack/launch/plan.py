@@ -177,22 +177,24 @@ def synthetic_trajectory(request_id: str, i: int, n: int, finished_at: float = 0
     )
 
 
-def measure_learner(layout, batch_records: int, lengths: list[int], steps: int, cfg) -> dict:
-    """The packer's records for these lengths, and the learner's step on them."""
+def measure_learner(layout, batch_records: int, lengths: list[int], steps: int, cfg, banded: bool = True) -> dict:
+    """The packer's records for these lengths, and the learner's step on them (banded: as the
+    job's learner, attention within a trajectory's span; else dense over the row)."""
     from pipelines.packing import pack
     from trainer.learning.learner import Learner
 
     shape = layout.largest
     need = batch_records * shape.max_trajectories * 2
     trajs = [
-        synthetic_trajectory(f"plan-{i // 8}", i % 8, min(lengths[i % len(lengths)], shape.seq_len))
+        synthetic_trajectory(f"plan-{i // 8}", i % 8, min(lengths[i % len(lengths)], layout.trajectory_len))
         for i in range(need)
     ]
     packed = pack(trajs, shape)
     records = packed[:-1] or packed  # the last one is the part-full remainder
     fill = statistics.fmean(r.num_tokens / (shape.rows * shape.seq_len) for r in records)
     per_record = statistics.fmean(len(r.trajectories) for r in records)
-    learner = Learner(cfg, LearnerConfig(batch_records=batch_records))
+    span = layout.trajectory_len if banded else None  # as builder.make_learner
+    learner = Learner(cfg, LearnerConfig(batch_records=batch_records), span=span)
     batch = [records[i % len(records)] for i in range(batch_records)]
     learner.train_step(batch)  # compile
     times = []

@@ -73,7 +73,9 @@ def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
 
         _, model = load_checkpoint(spec.checkpoint)
         log.info("initial params: the checkpoint %s", spec.checkpoint)
-    learner = Learner(spec.cfg, cfg.learner, mesh, model=model)
+    # Every segment of every record is at most the layout's trajectory length (the consumer
+    # refuses longer ones): the learner's attention only needs that band of each row.
+    learner = Learner(spec.cfg, cfg.learner, mesh, model=model, span=cfg.record_layout.trajectory_len)
     learner.tokenizer, learner.tokenizer_source = spec.tokenizer, spec.tokenizer_source
     return learner
 
@@ -241,6 +243,7 @@ def make_consumer(cfg: LearnerJobConfig, layout: RecordLayout, start: Start, che
         {s.key for s in layout.shapes},
         cfg.dead_letter_topic,
         delivery=cfg.delivery,
+        max_trajectory_len=layout.trajectory_len,
         consumed=start.consumed_ids,
         durable=None if checkpointer is None else (lambda: not checkpointer.saving()),
     )

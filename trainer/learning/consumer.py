@@ -39,9 +39,12 @@ class RecordConsumer:
         delivery: DeliveryConfig = DeliveryConfig(),
         consumed: dict[str, int] | None = None,
         durable: Callable[[], bool] | None = None,
+        max_trajectory_len: int | None = None,
     ):
         self.subscription = subscription
         self.shapes = set(shapes)  # one per length bucket
+        # The layout's longest trajectory: the learner's banded attention sees no further back.
+        self.max_trajectory_len = max_trajectory_len
         self.dead_letter_topic = dead_letter_topic
         self.subscriber = pubsub_io.subscriber_client()
         self.publisher = pubsub_io.publisher_client() if dead_letter_topic else None
@@ -74,6 +77,7 @@ class RecordConsumer:
                 rec = decode(rm.message.data)
                 if rec.shape not in self.shapes:
                     raise RecordError(f"record shape {rec.shape} is not a declared bucket shape {sorted(self.shapes)}")
+                self._check_lengths(rec)
             except RecordError as e:
                 if self._reject(rm.message, str(e)):
                     ack_now.append(rm.ack_id)  # else it comes back, to be dead-lettered again
@@ -88,6 +92,17 @@ class RecordConsumer:
                 ack_now.append(rm.ack_id)
         self._call("ack", pubsub_io.ack, ack_now)
         return out
+
+    def _check_lengths(self, rec: PackedRecord) -> None:
+        """A segment longer than the layout's trajectory length would be mis-attended (the
+        learner attends within that span only): refused. Positions count 0.. along each
+        contiguous segment (validated), so the longest segment is the largest position + 1."""
+        longest = int(rec.positions.max()) + 1
+        if self.max_trajectory_len is not None and longest > self.max_trajectory_len:
+            raise RecordError(
+                f"a segment of {longest} tokens is longer than the layout's max_trajectory_len "
+                f"{self.max_trajectory_len}"
+            )
 
     def settle(self, records: Iterable[PackedRecord]) -> None:
         """These records were trained, or dropped as stale (a sync round's padding records

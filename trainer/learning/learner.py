@@ -57,9 +57,9 @@ def batch_from_records(records: list[PackedRecord]) -> dict[str, np.ndarray]:
     return {f: np.concatenate([getattr(r, f) for r in records], axis=0) for f in BATCH_FIELDS}
 
 
-def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch, frozen=None):
-    def logprobs(p):
-        logits = _merged(graphdef, p, frozen)(batch["tokens"], batch["segment_ids"], batch["positions"])
+def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch, frozen=None, span=None):
+    def logprobs(p):  # the policy and the KL reference: the same (banded, with span) attention
+        logits = _merged(graphdef, p, frozen)(batch["tokens"], batch["segment_ids"], batch["positions"], span=span)
         return logits, token_logprobs(logits, batch["tokens"])
 
     logits, logp = logprobs(params)
@@ -86,8 +86,8 @@ def _merged(graphdef, params, frozen):
     return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
 
 
-def _train_step(graphdef, tx, cfg, params, opt_state, ref_params, batch, frozen=None):
-    grad_fn = jax.value_and_grad(functools.partial(_loss_fn, graphdef, cfg), has_aux=True)
+def _train_step(graphdef, tx, cfg, params, opt_state, ref_params, batch, frozen=None, span=None):
+    grad_fn = jax.value_and_grad(functools.partial(_loss_fn, graphdef, cfg, span=span), has_aux=True)
     (loss, metrics), grads = grad_fn(params, ref_params, batch, frozen)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     # A non-finite loss or gradient (logits overflowing, say) must not reach the weights:
@@ -104,10 +104,19 @@ class Learner:
     """Params and optimizer state, optionally sharded over a ("data", "model") mesh, and
     one jitted step with donated state per record shape."""
 
-    def __init__(self, model_cfg: ModelConfig, cfg: LearnerConfig, mesh=None, model: Transformer | None = None):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        cfg: LearnerConfig,
+        mesh=None,
+        model: Transformer | None = None,
+        span: int | None = None,
+    ):
         """model: the initial Transformer (e.g. a Hugging Face checkpoint's; with LoRA its
-        Linears are wrapped in place); None: init_model(model_cfg, cfg.seed)."""
-        self.model_cfg, self.cfg, self.mesh = model_cfg, cfg, mesh
+        Linears are wrapped in place); None: init_model(model_cfg, cfg.seed).
+        span: the layout's longest trajectory. Given, rows longer than it are scored with
+        banded attention (exact only while no segment is longer: train_step refuses one)."""
+        self.model_cfg, self.cfg, self.mesh, self.span = model_cfg, cfg, mesh, span
         if model is None:
             model = init_model(model_cfg, cfg.seed)
         elif model.cfg != model_cfg:
@@ -119,7 +128,7 @@ class Learner:
         tx = optax.chain(
             optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
         )
-        step = functools.partial(_train_step, self.graphdef, tx, cfg.loss)
+        step = functools.partial(_train_step, self.graphdef, tx, cfg.loss, span=span)
         self.ref_params = None  # set once by set_reference(); only read when kl_coef > 0
         self.skipped_nonfinite = 0
         if mesh is None:
@@ -163,6 +172,12 @@ class Learner:
         if len(records) != self.cfg.batch_records:
             raise ValueError(f"expected {self.cfg.batch_records} records, got {len(records)}")
         batch = batch_from_records(records)
+        # The consumer dead-letters such records; this guards every other caller, as banded
+        # attention would silently cut a longer segment's context.
+        if self.span is not None and int(batch["positions"].max()) >= self.span:
+            raise ValueError(
+                f"a segment of {int(batch['positions'].max()) + 1} tokens is longer than the learner's span {self.span}"
+            )
         if self._batch_sharding is not None:
             batch = jax.device_put(batch, self._batch_sharding)
         self.params, self.opt_state, metrics = self._step(

@@ -1,0 +1,77 @@
+"""Long packed rows at the cost of short ones: the learner's step on the same tokens in
+256-token rows and in 1024-token rows, with dense and with banded attention.
+
+    .venv/bin/python benchmarks/attention.py [--env calculator] [--steps 5] [--cpus 1]
+
+Records are packed by the real packer from the environment's oracle episode lengths in the
+policy's chat format (localstack.launch.plan, as the planner measures), and the learner
+steps on them as the job's does (trainer.learning.learner.Learner; banded: span = the
+layout's trajectory length, as builder.make_learner passes). Every layout holds the same
+tokens per record (rows x seq_len = 4,096), so step times compare directly; trained
+trajectories/s = trajectories per record x records per step / step time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _report import machine_info, print_table
+
+from core import config
+from core.config import knob
+from core.contracts.record_shape import RecordLayout
+from core.policy.chat_format import chat_format_for
+from core.policy.sources import policy_spec
+from localstack.launch.plan import measure_environment, measure_learner
+from trainer.learning.learner import LearnerConfig
+
+# (rows, seq_len, segments per row, banded): 4,096 tokens per record each.
+LAYOUTS = [(16, 256, 4, False), (4, 1024, 16, False), (4, 1024, 16, True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBenchConfig:
+    env: str = knob("calculator", "the environment whose oracle lengths are packed")
+    episodes: int = knob(256, "oracle episodes measured for lengths")
+    steps: int = knob(5, "timed learner steps per layout (after one compile step)")
+    batch_records: int = knob(LearnerConfig.batch_records, "records per learner step (the learner's)")
+    trajectory_len: int = knob(256, "the longest trajectory (the span of banded attention)")
+    cpus: str = knob("1", "the cores this benchmark is pinned to")
+    out: str | None = knob(None, "write the results here as JSON")
+
+
+def main(argv=None) -> int:
+    cfg = config.parse(AttentionBenchConfig, argv, description=__doc__, prog="benchmarks/attention.py")
+    os.sched_setaffinity(0, {int(c) for c in cfg.cpus.split(",")})
+    spec = policy_spec(None, "tiny")
+    lengths = measure_environment(cfg.env, "none", cfg.episodes, chat_format_for(spec.tokenizer))["lengths"]
+    rows, results = [], []
+    for r, seq_len, segments, banded in LAYOUTS:
+        layout = RecordLayout((seq_len,), r, segments, cfg.trajectory_len)
+        m = measure_learner(layout, cfg.batch_records, lengths, cfg.steps, spec.cfg, banded=banded)
+        traj_s = m["trajectories_per_record"] * cfg.batch_records / m["step_s"]
+        tokens_s = m["tokens_per_record"] * cfg.batch_records / m["step_s"]
+        name = f"{r}x{seq_len}, {segments} segments, {'banded' if banded else 'dense'}"
+        rows.append([name, m["step_s"], m["fill"], m["trajectories_per_record"], traj_s, tokens_s])
+        results.append({"layout": name, **m, "trajectories_per_s": traj_s, "trained_tokens_per_s": tokens_s})
+    print_table(
+        f"Learner step on the same 4,096 tokens per record ({cfg.env} oracle lengths, "
+        f"batch {cfg.batch_records} records, core {cfg.cpus})",
+        ["layout", "step s", "fill", "trajectories / record", "trajectories/s", "trained tokens/s"],
+        rows,
+    )
+    if cfg.out:
+        Path(cfg.out).write_text(json.dumps({"machine": machine_info(), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
