@@ -68,3 +68,26 @@ def loadavg() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "?"
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP to a benchmark: unwind through every `with`/`finally`, as Ctrl-C does."""
+
+
+def _interrupt(signum, _frame):
+    import signal
+
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def stop_children_on_exit() -> None:
+    """Whatever this benchmark starts dies with it, however it ends: SIGTERM and SIGHUP
+    unwind (so each process group is stopped in order), and a watchdog process stops any
+    group still registered if this process is SIGKILLed."""
+    import signal
+
+    from localstack.launch.processes import start_watchdog
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    start_watchdog()

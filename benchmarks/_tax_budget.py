@@ -35,6 +35,7 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
 ]
 ORDER = [name for name, _ in CATEGORIES] + [
     "telemetry / other",
+    "unnamed native threads",  # C++ threads that kept the process's name (XLA's runtime, by their birth order)
     "pub/sub emulator",
     "other processes",  # anything else the core ran in the window (not this benchmark's)
     "idle",
@@ -56,7 +57,7 @@ def _native_category(thread_name: str) -> str:
         return "pub/sub"
     if n.startswith(("xla", "tsl", "tf_", "eigen", "jax")) or "pjrt" in n:
         return "engine"
-    return "telemetry / other"
+    return "unnamed native threads" if n == "python" else "telemetry / other"
 
 
 def _thread_cpu(proc: psutil.Process) -> dict[int, tuple[str, float]]:

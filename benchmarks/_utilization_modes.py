@@ -170,13 +170,17 @@ def _drain(emu, sub, credits, pipeline, workdir: Path, warm_s: float, measure_s:
 def learner_alone(records_path: Path, batch_records: int, seconds: float) -> dict:
     """Back-to-back train steps on the rollout side's own records for `seconds` after the
     compile (this process's cores)."""
+    from core.contracts.record_shape import RecordLayout
     from core.policy.config import ModelConfig
     from trainer.learning.learner import Learner, LearnerConfig
 
     recs = [decode(p) for p in _read_frames(records_path)]
     if len(recs) < batch_records:
         raise RuntimeError(f"only {len(recs)} records to train on")
-    learner = Learner(ModelConfig(), LearnerConfig(batch_records=batch_records))
+    # As the job's learner (builder.make_learner): attention within the default layout's
+    # trajectory length, the layout these runs use.
+    span = RecordLayout().trajectory_len
+    learner = Learner(ModelConfig(), LearnerConfig(batch_records=batch_records), span=span)
     batches = [recs[i : i + batch_records] for i in range(0, len(recs) - batch_records + 1, batch_records)]
     learner.train_step(batches[0])  # compile
     times, tokens, trajs = [], 0, 0

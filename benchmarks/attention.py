@@ -1,14 +1,17 @@
 """Long packed rows at the cost of short ones: the learner's step on the same tokens in
 256-token rows and in 1024-token rows, with dense and with banded attention.
 
+Two comparisons, each at equal tokens per step: 16x256 against 4x1024 rows (4 records of
+4,096 tokens, the issue's case), and 4x256 (the old default layout) against 1x1024 (the
+default now) at 4 records of 1,024 tokens.
+
     .venv/bin/python benchmarks/attention.py [--env calculator] [--steps 5] [--cpus 1]
 
 Records are packed by the real packer from the environment's oracle episode lengths in the
 policy's chat format (localstack.launch.plan, as the planner measures), and the learner
 steps on them as the job's does (trainer.learning.learner.Learner; banded: span = the
-layout's trajectory length, as builder.make_learner passes). Every layout holds the same
-tokens per record (rows x seq_len = 4,096), so step times compare directly; trained
-trajectories/s = trajectories per record x records per step / step time.
+layout's trajectory length, as builder.make_learner passes). Trained trajectories/s =
+trajectories per record x records per step / step time.
 """
 
 from __future__ import annotations
@@ -33,8 +36,15 @@ from core.policy.sources import policy_spec
 from localstack.launch.plan import measure_environment, measure_learner
 from trainer.learning.learner import LearnerConfig
 
-# (rows, seq_len, segments per row, banded): 4,096 tokens per record each.
-LAYOUTS = [(16, 256, 4, False), (4, 1024, 16, False), (4, 1024, 16, True)]
+# (rows, seq_len, segments per row, banded); every step is --batch_records records.
+LAYOUTS = [
+    (16, 256, 4, False),
+    (4, 1024, 16, False),
+    (4, 1024, 16, True),
+    (4, 256, 4, False),
+    (1, 1024, 16, False),
+    (1, 1024, 16, True),
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +73,7 @@ def main(argv=None) -> int:
         rows.append([name, m["step_s"], m["fill"], m["trajectories_per_record"], traj_s, tokens_s])
         results.append({"layout": name, **m, "trajectories_per_s": traj_s, "trained_tokens_per_s": tokens_s})
     print_table(
-        f"Learner step on the same 4,096 tokens per record ({cfg.env} oracle lengths, "
-        f"batch {cfg.batch_records} records, core {cfg.cpus})",
+        f"Learner step ({cfg.env} oracle lengths, batch {cfg.batch_records} records, core {cfg.cpus})",
         ["layout", "step s", "fill", "trajectories / record", "trajectories/s", "trained tokens/s"],
         rows,
     )

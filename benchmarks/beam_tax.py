@@ -30,7 +30,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _report import loadavg, machine_info, print_table
+from _report import loadavg, machine_info, print_table, stop_children_on_exit
 from _tax_budget import BudgetProbe, budget_rows
 from _utilization_modes import rollout_alone
 
@@ -168,6 +168,7 @@ def rollout_job(cfg: BeamTaxConfig, flags: list[str]) -> tuple[dict, dict | None
 
 
 def main(argv=None) -> int:
+    stop_children_on_exit()
     cfg = config.parse(BeamTaxConfig, argv, description=__doc__, prog="benchmarks/beam_tax.py")
     engine_cfg = EngineConfig(policy_root=cfg.init_policy)  # the rollout job's defaults
     results = {"machine": machine_info(), "load_start": loadavg(), "args": dataclasses.asdict(cfg), "modes": {}}

@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _learner_common import PhaseTimer, StepCall, make_records, pct, publish_records  # noqa: E402
 from _learner_decode import bench_decode, bench_poll  # noqa: E402
 from _learner_profile import bench_profile, forward_ms  # noqa: E402
-from _report import loadavg, machine_info, print_table  # noqa: E402
+from _report import loadavg, machine_info, print_table, stop_children_on_exit  # noqa: E402
 
 from core import config  # noqa: E402
 from core.config import knob  # noqa: E402
@@ -292,6 +292,7 @@ def parse_args(argv=None) -> LearnerBenchConfig:
 
 
 def main(argv=None) -> int:
+    stop_children_on_exit()
     args = parse_args(argv)
     info = machine_info()
     print(f"{datetime.datetime.now().isoformat(timespec='seconds')}  {info}  load {loadavg()}", flush=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _report import loadavg, machine_info, print_table
+from _report import loadavg, machine_info, print_table, stop_children_on_exit
 
 from core import config
 from core.config import knob
@@ -119,6 +119,7 @@ class LearningBenchConfig:
 
 
 def main(argv=None) -> int:
+    stop_children_on_exit()
     args = config.parse(LearningBenchConfig, argv, description=__doc__)
     out, work = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)

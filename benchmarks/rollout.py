@@ -36,7 +36,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _report import loadavg, machine_info
+from _report import loadavg, machine_info, stop_children_on_exit
 from _rollout_decode import LENGTH, Samplers, bench_decode, decode_caps
 from _rollout_latency import bench_latency, profile_c64
 from _rollout_packing import bench_flush, bench_packing, length_pools, sample_stream
@@ -121,6 +121,7 @@ def parse_args(argv) -> RolloutBenchConfig:
 
 
 def main(argv=None) -> int:
+    stop_children_on_exit()
     args = parse_args(argv)
     t0 = time.perf_counter()
     info = machine_info()

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _report import loadavg, machine_info, print_table
+from _report import loadavg, machine_info, print_table, stop_children_on_exit
 from _utilization_modes import rollout_alone
 from utilization import DemoRunConfig, demo, demo_config, make_plan
 
@@ -238,6 +238,7 @@ def ratio(rows: list[dict], key: str) -> dict:
 
 
 def main(argv=None) -> int:
+    stop_children_on_exit()
     args = cli(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

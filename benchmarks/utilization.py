@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _report import loadavg, machine_info, print_table
+from _report import loadavg, machine_info, print_table, stop_children_on_exit
 from _utilization_modes import learner_alone_pinned, rollout_alone
 
 from core import config
@@ -330,6 +330,7 @@ def plot(r: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
+    stop_children_on_exit()
     args = cli(argv)
     t0 = time.monotonic()
     results = run(args)

@@ -107,8 +107,9 @@ def test_banded_equals_dense_on_every_real_token(case, seed, divisor):
 
 def test_block_choice_keeps_short_rows_dense():
     assert band_block(256, 256) is None  # one trajectory per row: nothing to skip
-    assert band_block(512, 256) == 128  # keys 384 of 512 per query block
-    assert band_block(1024, 256) == 128
+    assert band_block(512, 256) == 64  # keys 320 of 512 per query block
+    assert band_block(1024, 256) == 64
+    assert band_block(320, 256) is None  # 5 blocks of 64 keys: the whole row
     assert band_block(128, 32, 16) == 16
     assert band_block(64, 32, 32) is None  # two blocks of keys: the whole row
     with pytest.raises(ValueError, match="span"):

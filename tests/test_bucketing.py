@@ -158,7 +158,7 @@ def test_content_hash_sees_tokens_and_mask_not_ids():
         dict(overlong="wrap"),
         dict(content_dedup="yes"),
         dict(filter_zero_signal=1),
-        dict(buckets=(40_000,)),
+        dict(rows=4, buckets=(40_000,)),
         dict(rows=64, buckets=(4096,)),
     ],
 )

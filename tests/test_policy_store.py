@@ -49,6 +49,15 @@ def test_load_follows_target_structure_and_dtype(store):
         store.load(0, {"dense": target["dense"]})
 
 
+def test_a_relative_root_works_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # Orbax itself refuses a relative checkpoint path
+    store = PolicyStore("runs/store")
+    store.publish(0, params_for(0), {"step": 0})
+    monkeypatch.chdir("/")
+    assert store.root == tmp_path / "runs" / "store"
+    assert_tree_equal(store.load(0, abstract(params_for(0))), params_for(0))
+
+
 def test_crash_between_data_and_pointer(store):
     store.publish(0, params_for(0))
     store.publish(1, params_for(1))

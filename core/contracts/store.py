@@ -206,7 +206,9 @@ class PolicyStore:
     """Versioned params on disk or GCS; one writer (the learner), many pollers."""
 
     def __init__(self, root: str | os.PathLike, *, gcs_read_timeout_s: float = 20.0):
-        self.root = epath.Path(root)
+        root = os.fspath(root)
+        # A local root is made absolute: Orbax refuses a relative checkpoint path.
+        self.root = epath.Path(root if "://" in root else os.path.abspath(root))
         self.policies_dir = self.root / "policies"
         self._files = files_for(os.fspath(self.root), gcs_read_timeout_s)
 

@@ -19,9 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# 128 keys per block keeps the matmuls MXU/tensor-core sized while wasting at most one
-# block of keys per query block.
-DEFAULT_BLOCK = 128
+# Smaller blocks waste fewer keys past the span (a query block reads W + 1 key blocks); on
+# CPU, 4x1024 rows with span 256 step in 1.67 / 1.71 / 2.17 / 3.05 s at blocks 32 / 64 /
+# 128 / 256, against 1.71 s for the same tokens in 256-token rows (benchmarks/attention.py).
+# An accelerator may want 128 (its matmul tile): the Transformer takes `block`.
+DEFAULT_BLOCK = 64
 _NO_SEGMENT = -1  # the segment id of the row's padding to a block multiple: matches no real id
 
 

@@ -164,7 +164,8 @@ def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
 def run_local(cfg: DemoConfig) -> DemoSummary:
     started = time.monotonic()
     processes.start_watchdog()  # SIGKILL of this process must not leave the run behind either
-    workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="agentic-rl-demo-"))
+    # Absolute: Orbax refuses a relative checkpoint path, and the children may run elsewhere.
+    workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="agentic-rl-demo-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     summary_path, store = workdir / "summary.json", workdir / "policy-store"
     if not cfg.resume:  # the learner would otherwise resume from a previous run's checkpoint
@@ -297,7 +298,7 @@ def with_model_layout(cfg: DemoConfig) -> DemoConfig:
     from localstack.launch.model_layout import layout_for_model
 
     turn = cfg.rollout.engine.max_new_tokens_per_turn
-    found = layout_for_model(cfg.model, cfg.env, turn, cfg.layout.rows, env_config={"tool_latency": "none"})
+    found = layout_for_model(cfg.model, cfg.env, turn, env_config={"tool_latency": "none"})
     print(found.describe(), flush=True)
     return dataclasses.replace(cfg, layout=found.layout)
 

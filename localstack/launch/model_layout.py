@@ -1,8 +1,8 @@
 """Record shapes for a checkpoint: how long an episode of an environment is in the model's
 own chat format, and the layout that holds it, or a refusal that says why none does.
 
-The built-in byte policy's defaults (rows of 256, 4 trajectories each) fit its terse
-transcripts. A checkpoint's chat template adds a system turn with the tools block (often
+The built-in byte policy's defaults (one row of 1024, up to 16 trajectories) fit its
+terse transcripts. A checkpoint's chat template adds a system turn with the tools block (often
 hundreds of tokens) and its own markup around every turn, so the same episode is several
 times longer: the layout must follow from the checkpoint and the environment, measured on
 the environment's oracle episodes rendered exactly as the rollout side renders them.
@@ -21,8 +21,9 @@ from core.policy.sources import policy_spec
 from trainer.learning.warmstart import oracle_transcript
 
 ALIGN = 64  # trajectory and row lengths are multiples of this (XLA-friendly, few shapes)
-MAX_SEGMENTS = 4  # the default layout's packing bound (core.contracts.record_shape)
+MAX_SEGMENTS = 4  # trajectories per row at most
 PER_ROW = 3  # typical episodes per row
+ROWS = 4  # rows per record: about a dozen of a checkpoint's long episodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,12 @@ def _round_up(n: int, to: int) -> int:
 
 
 def layout_for_model(
-    model: str, env: str, max_new_tokens_per_turn: int, rows: int, episodes: int = 32, env_config: dict | None = None
+    model: str,
+    env: str,
+    max_new_tokens_per_turn: int,
+    rows: int = ROWS,
+    episodes: int = 32,
+    env_config: dict | None = None,
 ) -> ModelLayout:
     """The layout an `env` episode of checkpoint `model` needs: the longest oracle episode
     plus two turns' worth of generation as headroom (a policy writes more than the oracle),
