@@ -115,8 +115,8 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     assert store.latest_version() in store.versions()  # gc never removes the current version
     by_version = {int(v): n for v, n in s.learner.records_by_max_policy_version.items()}
     assert any(v >= 1 and n > 0 for v, n in by_version.items()), f"no record from a reloaded policy: {by_version}"
-    assert s.learner.declared_record_shapes == ["4x256"]
-    assert s.learner.record_shapes == {"4x256": s.learner.records_consumed}
+    assert s.learner.declared_record_shapes == ["1x1024"]  # the default layout
+    assert s.learner.record_shapes == {"1x1024": s.learner.records_consumed}
     assert s.learner.records_consumed >= 10 * 2  # records_rejected: the saboteur's, checked below
     assert s.learner.tokens_consumed > 0 and s.learner.trajectories > 0
     assert s.learner.compiled_train_steps == 1  # fixed shapes: one compile for every step
