@@ -4,7 +4,8 @@ Polls at most every `poll_interval_s`, either when asked (`maybe_reload`) or fro
 background thread (`start_polling`), so loading never stalls decoding; the engine reads
 `current` between steps and picks the new version up atomically. A failed load keeps
 the current version and is counted. Only complete versions are ever loaded (the store
-writes LATEST last, and `load` refuses a version without its commit marker).
+writes LATEST last, and `load` refuses a version without its commit marker), and only
+intact ones (`load` checks every file against the version's checksum manifest).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 from flax import nnx
 
-from core.contracts.store import PolicyStore, StoreError
+from core.contracts.store import ChecksumError, PolicyStore, StoreError
 from core.policy.versions import VersionLoader
 from core.telemetry import trace
 
@@ -42,6 +43,7 @@ class PolicyHandle:
         self.current: tuple[nnx.State, int] | None = None  # swapped as one reference
         self.reloads = 0
         self.failed_loads = 0
+        self.checksum_failures = 0  # of failed_loads: files that differ from their manifest (corruption)
         self._stop = threading.Event()
 
     @property
@@ -86,6 +88,8 @@ class PolicyHandle:
                 state, _ = self._loader.load(latest)
         except StoreError as e:
             self.failed_loads += 1
+            if isinstance(e, ChecksumError):
+                self.checksum_failures += 1
             self.tracer.instant("policy reload failed", "policy", error=str(e)[:200])
             log.warning("policy reload failed, keeping version %s: %s", self.version, e)
             return False

@@ -61,6 +61,7 @@ class RolloutWorker:
             "policy_version": self.policy.version,
             "policy_reloads": self.policy.reloads,
             "policy_reload_failures": self.policy.failed_loads,
+            "policy_checksum_failures": self.policy.checksum_failures,
             "groups_in_flight": self.groups_in_flight,
             "groups_queued": self.groups_queued,
             "episodes_in_flight": self.episodes_in_flight,

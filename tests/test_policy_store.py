@@ -1,15 +1,20 @@
-"""Policy store on real disk with real Orbax: readers only ever see whole versions."""
+"""Policy store on real disk with real Orbax: readers only ever see whole, intact versions."""
 
+import hashlib
 import json
 import os
+import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from _trees import abstract, assert_tree_equal, params_for
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from core.contracts.store import LATEST, METADATA, PolicyStore, StoreError
+from core.contracts.store import LATEST, METADATA, ChecksumError, PolicyStore, StoreError
 
 
 @pytest.fixture
@@ -194,3 +199,97 @@ def test_bf16_halves_what_workers_download(store):
     f32, bf16 = du(store.version_path(0)), du(store.version_path(1))
     assert bf16 < 0.6 * f32, (f32, bf16)
     assert store.read_metadata(0)["dtype"] is None
+
+
+# ---- checksum manifest ------------------------------------------------------------------
+
+
+def _files_of(store, version) -> dict[str, Path]:
+    """The version's files except its metadata.json, by '/'-separated relative path."""
+    root = Path(os.fspath(store.version_path(version)))
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file() and p.name != METADATA}
+
+
+def test_metadata_carries_a_manifest_of_every_file(store):
+    store.publish(0, params_for(0), {"step": 0})
+    meta = store.read_metadata(0)
+    files = _files_of(store, 0)
+    assert meta["manifest_version"] == 1
+    assert sorted(meta["manifest"]) == sorted(files) and any(p.parent.name == "d" for p in files.values())
+    for rel, p in files.items():
+        data = p.read_bytes()
+        assert meta["manifest"][rel] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def test_a_flipped_bit_in_any_file_is_refused_naming_it(store):
+    store.publish(0, params_for(0))
+    target = abstract(params_for(0))
+    for rel, p in _files_of(store, 0).items():
+        original = p.read_bytes()
+        p.write_bytes(original[:-1] + bytes([original[-1] ^ 0x01]))
+        with pytest.raises(ChecksumError, match=f"checksum mismatch in {re.escape(rel)}") as e:
+            store.load(0, target)
+        assert isinstance(e.value, StoreError)  # what the pollers catch
+        p.write_bytes(original)
+    assert_tree_equal(store.load(0, target), params_for(0))
+
+
+def test_a_truncated_missing_or_extra_file_is_refused(store):
+    store.publish(0, params_for(0))
+    target = abstract(params_for(0))
+    rel, p = max(_files_of(store, 0).items(), key=lambda kv: kv[1].stat().st_size)
+    original = p.read_bytes()
+    os.truncate(p, len(original) // 2)
+    with pytest.raises(ChecksumError, match=f"checksum mismatch in {re.escape(rel)}: {len(original) // 2} bytes"):
+        store.load(0, target)
+    p.unlink()
+    with pytest.raises(ChecksumError, match=f"missing file {re.escape(rel)}"):
+        store.load(0, target)
+    p.write_bytes(original)
+    (p.parent / "stray").write_bytes(b"x")
+    with pytest.raises(ChecksumError, match=r"unexpected file (.*/)?stray "):
+        store.load_latest(target)
+    (p.parent / "stray").unlink()
+    assert_tree_equal(store.load(0, target), params_for(0))
+
+
+def test_a_legacy_version_without_manifest_needs_allow_unverified(store):
+    store.publish(0, params_for(0))
+    marker = store.version_path(0) / METADATA
+    meta = json.loads(marker.read_text())
+    del meta["manifest"], meta["manifest_version"]
+    marker.write_text(json.dumps(meta))
+    with pytest.raises(StoreError, match=r"no checksum manifest.*allow_unverified=True"):
+        store.load(0, abstract(params_for(0)))
+    legacy = PolicyStore(store.root, allow_unverified=True)
+    assert_tree_equal(legacy.load(0, abstract(params_for(0))), params_for(0))
+    # allow_unverified never waives a manifest that is there.
+    legacy.publish(1, params_for(1))
+    p = next(iter(_files_of(legacy, 1).values()))
+    p.write_bytes(p.read_bytes() + b"\0")
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
+        legacy.load(1, abstract(params_for(0)))
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    store = PolicyStore(str(tmp_path_factory.mktemp("flip") / "store"))
+    store.publish(0, params_for(0))
+    return store, _files_of(store, 0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.integers(0, 10**6), where=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
+def test_any_single_flipped_bit_in_any_file_is_caught(published, which, where, bit):
+    store, files = published
+    rel = sorted(files)[which % len(files)]
+    p = files[rel]
+    original = p.read_bytes()
+    at = int(where * len(original))
+    p.write_bytes(original[:at] + bytes([original[at] ^ (1 << bit)]) + original[at + 1 :])
+    try:
+        with pytest.raises(ChecksumError, match=f"checksum mismatch in {re.escape(rel)}"):
+            store.verify(0)
+    finally:
+        p.write_bytes(original)
+    store.verify(0)

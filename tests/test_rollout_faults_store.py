@@ -1,6 +1,8 @@
 """The policy store's newest version unreadable for a while, under a running rollout job
 (tests/_rollout_job.py): workers serve their last good version, count the failures, and
-take the next good version when it appears.
+take the next good version when it appears. A damaged data file (truncated, or bytes
+flipped that Orbax would decode to other numbers) is caught by the version's checksum
+manifest and counted as a checksum failure too.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
-from core.contracts.store import PolicyStore, StoreError
+from core.contracts.store import PolicyStore
 from core.policy.model import abstract_tree
 from tests._rollout_job import (
     GROUP,
@@ -64,24 +67,27 @@ def _truncate(store: PolicyStore, version: int):
 def _corrupt_bytes(store: PolicyStore, version: int):
     """64 bytes inverted inside the largest data file, same size: a disk or copy corruption.
 
-    The chunks are zstd-compressed, so whether the damage is noticed depends on where it
-    lands: offsets are tried until PolicyStore.load (the workers' own reader) restores the
-    version without an error and with other numbers. Were the store to detect every such
-    corruption, the last try stays in place, and the workers must refuse it."""
-    f = _data_files(Path(os.fspath(store.version_path(version))))[0]
+    The chunks are zstd-compressed, so whether Orbax notices depends on where the damage
+    lands: offsets are tried until a bare Orbax restore (no checksum check) gives the
+    version without an error and with other numbers, the corruption that would be served
+    silently without the manifest. The workers must refuse it."""
+    path = store.version_path(version)
+    f = _data_files(Path(os.fspath(path)))[0]
     original = f.read_bytes()
     want = params_of(version)
     for where in (0.5, 0.3, 0.7, 0.2, 0.8, 0.4, 0.6, 0.1, 0.9):
         at = int(len(original) * where)
         f.write_bytes(original[:at] + bytes(b ^ 0xFF for b in original[at : at + 64]) + original[at + 64 :])
         try:
-            got = store.load(version, abstract_tree(want))
-        except StoreError:
+            with ocp.StandardCheckpointer() as ckptr:
+                got = ckptr.restore(path, abstract_tree(want))
+        except Exception:  # noticed by Orbax: try elsewhere
             continue
         if not all(
             np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))
         ):
             return
+    raise AssertionError("no offset gave a silently corrupt version: the test needs other offsets")
 
 
 def _chmod_denies_reads() -> bool:
@@ -123,15 +129,6 @@ RECOVERED_IDS = ("recovered-0", "recovered-1")
             _corrupt_bytes,
             "next_version",
             id="corrupt_data_bytes-then-next_version",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="production gap: the policy data are zstd-compressed Orbax/OCDBT chunks with no "
-                "checksum, and PolicyStore.load checks only structure, shapes and dtypes: 64 bytes inverted "
-                "inside the largest data file (a disk or copy corruption) can still decode, to other numbers, "
-                "and the workers then load and serve the corrupt version 1 (rollout/policy_version 1, "
-                "no reload failure)",
-            ),
         ),
     ],
 )
@@ -144,6 +141,8 @@ def test_workers_serve_their_last_good_version_while_the_newest_is_unreadable(
         job.wait_for("a first request served", lambda: job.done("v0"), STARTUP_S)
         # Version 1: complete, then damaged, and only then made LATEST (so no poll loads it whole).
         store._write_version(1, params_of(1))
+        version_dir = Path(os.fspath(store.version_path(1)))
+        damaged = _data_files(version_dir)[0].relative_to(version_dir).as_posix()  # what both damages hit
         restore = damage(store, 1)
         store._write_pointer(1)
 
@@ -154,6 +153,10 @@ def test_workers_serve_their_last_good_version_while_the_newest_is_unreadable(
         job.wait_for("failed policy reloads", reload_failed_or_loaded, 30)
         during = job.telemetry()
         assert during["rollout/policy_version"] == 0 and during["rollout/policy_reload_failures"] >= 2, during
+        by_checksum = damage in (_truncate, _corrupt_bytes)  # the others leave no file to check
+        assert (during["rollout/policy_checksum_failures"] >= 2) == by_checksum, during
+        if by_checksum:
+            assert f"checksum mismatch in {damaged}" in job.group.log_path.read_text(errors="replace")
         for i in range(2):
             job.send(f"unreadable-{i}", "ok", i)
         job.wait_for("requests served while the newest version is unreadable", lambda: job.done(*DURING_IDS), 60)

@@ -3,6 +3,7 @@ Orbax writes through TensorStore's GCS driver, markers and LATEST through google
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from _trees import abstract, assert_tree_equal, params_for
 
-from core.contracts.store import LATEST, PolicyStore, StoreError
+from core.contracts.store import LATEST, ChecksumError, PolicyStore, StoreError
 from localstack.emulators import gcs as gcs_emulator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,6 +97,24 @@ def test_publish_then_fresh_reader_and_subprocess_reader(gcs, store, tmp_path):
     got = np.load(out)
     for key, want in jax.tree_util.tree_leaves_with_path(params_for(1)):
         np.testing.assert_array_equal(got[jax.tree_util.keystr(key)], np.asarray(want))
+
+
+def test_a_corrupt_object_is_refused_by_its_checksum(gcs, store):
+    """The manifest is built from the bucket's objects, and a flipped byte there is caught."""
+    from google.cloud import storage
+
+    store.publish(0, params_for(0))
+    manifest = store.read_metadata(0)["manifest"]
+    assert any("/d/" in rel or rel.startswith("d/") for rel in manifest)
+    rel = max(manifest, key=lambda r: manifest[r]["bytes"])
+    bucket_name, _, key = os.fspath(store.version_path(0) / rel).removeprefix("gs://").partition("/")
+    blob = storage.Client().bucket(bucket_name).blob(key)
+    data = blob.download_as_bytes()
+    blob.upload_from_string(data[:-1] + bytes([data[-1] ^ 0x01]))
+    with pytest.raises(ChecksumError, match=f"checksum mismatch in {re.escape(rel)}"):
+        PolicyStore(os.fspath(store.root)).load(0, abstract(params_for(0)))
+    blob.upload_from_string(data)
+    assert_tree_equal(PolicyStore(os.fspath(store.root)).load(0, abstract(params_for(0))), params_for(0))
 
 
 def test_crash_between_data_and_pointer(gcs, store):

@@ -74,6 +74,9 @@ class LearnerJobConfig:
     init_policy: str | None = knob(
         None, "start from the newest version in this policy store (a dir or gs://...) instead of a warm start"
     )
+    init_policy_unverified: bool = knob(
+        False, "accept an --init_policy version published before checksum manifests, loading it unverified"
+    )
     plan: str | None = knob(
         None, "a localstack.launch.plan JSON: warn at start if the credit window cannot reach its duty cycle"
     )

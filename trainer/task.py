@@ -47,7 +47,15 @@ def run(cfg: LearnerJobConfig) -> RunSummary:
     tasks = B.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir)
     checkpointer = B.make_checkpointer(cfg.checkpoint_dir)
     with tracer.span("warm start or restore", "learner"):
-        start = B.restore_or_initialise(learner, checkpointer, cfg.warmstart, cfg.env, cfg.task_seed, cfg.init_policy)
+        start = B.restore_or_initialise(
+            learner,
+            checkpointer,
+            cfg.warmstart,
+            cfg.env,
+            cfg.task_seed,
+            cfg.init_policy,
+            init_policy_unverified=cfg.init_policy_unverified,
+        )
     publisher = B.make_publisher(cfg, learner, checkpointer, start)
     publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)
     stats = RunStats(peak_flops=cfg.peak_tflops * 1e12 if cfg.peak_tflops else None)

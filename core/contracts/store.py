@@ -34,6 +34,8 @@ from etils import epath
 from google.api_core.exceptions import GoogleAPIError
 from google.auth.exceptions import GoogleAuthError
 
+from core.contracts import manifest as mf
+
 LATEST = "LATEST"
 METADATA = "metadata.json"
 # Finished dirs are "00000012"; Orbax's in-flight ones are "00000012.orbax-checkpoint-tmp-<ts>".
@@ -42,6 +44,11 @@ _DIR_RE = re.compile(r"^(\d{8,})(\.orbax-checkpoint-tmp.*)?$")
 
 class StoreError(RuntimeError):
     """The store is corrupt or unreachable, or a requested version is missing or incomplete."""
+
+
+class ChecksumError(StoreError):
+    """A version's files differ from its manifest (a flipped byte, a truncated, missing or
+    extra file). A StoreError, so pollers keep their current version and count the failure."""
 
 
 def disable_gcsfs_listing_cache() -> None:
@@ -99,6 +106,12 @@ class _LocalFiles:
 
     def delete_tree(self, path: str) -> None:
         epath.Path(path).rmtree(missing_ok=True)
+
+    def walk(self, path: str) -> dict[str, int]:
+        return mf.walk_local(path)
+
+    def sha256(self, path: str) -> tuple[str, int]:
+        return mf.sha256_local(path)
 
 
 class _GcsFiles:
@@ -158,6 +171,20 @@ class _GcsFiles:
         for blob in self._client.list_blobs(bucket, prefix=key.rstrip("/") + "/"):
             self.delete(f"gs://{bucket.name}/{blob.name}")
 
+    def walk(self, path: str) -> dict[str, int]:
+        """{relative path: size} of every object below path/ (placeholder "dir/" objects skipped)."""
+        bucket, key = self._split(path)
+        prefix = key.rstrip("/") + "/"
+        blobs = self._client.list_blobs(bucket, prefix=prefix, **self._read)
+        return {b.name[len(prefix) :]: b.size for b in blobs if not b.name.endswith("/")}
+
+    def sha256(self, path: str) -> tuple[str, int]:
+        """Streams the object through the hash: never held whole in memory."""
+        bucket, key = self._split(path)
+        sink = mf.Sha256Sink()
+        bucket.blob(key).download_to_file(sink, **self._read)
+        return sink.hexdigest(), sink.bytes
+
 
 def files_for(root: str, gcs_read_timeout_s: float = 20.0) -> _LocalFiles | _GcsFiles:
     if root.startswith("gs://"):
@@ -205,8 +232,11 @@ def _check_matches(params: Any, target: Any, what: str) -> None:
 class PolicyStore:
     """Versioned params on disk or GCS; one writer (the learner), many pollers."""
 
-    def __init__(self, root: str | os.PathLike, *, gcs_read_timeout_s: float = 20.0):
+    def __init__(self, root: str | os.PathLike, *, gcs_read_timeout_s: float = 20.0, allow_unverified: bool = False):
+        """allow_unverified: load versions published before checksum manifests (a legacy
+        store) without verifying them; versions with a manifest are verified regardless."""
         root = os.fspath(root)
+        self.allow_unverified = allow_unverified
         # A local root is made absolute: Orbax refuses a relative checkpoint path.
         self.root = epath.Path(root if "://" in root else os.path.abspath(root))
         self.policies_dir = self.root / "policies"
@@ -254,11 +284,17 @@ class PolicyStore:
         with ocp.StandardCheckpointer() as ckptr:
             ckptr.save(path, params, force=True)
             ckptr.wait_until_finished()
+        # Hashed after Orbax has finalised the directory and before the marker: the manifest
+        # commits with the version. Read back, so it vouches for what the storage holds.
+        root = os.fspath(path)
+        manifest = mf.build(self._files.walk(root), lambda rel: self._files.sha256(f"{root}/{rel}"), METADATA)
         meta = {
             "version": version,
             "written_at": time.time(),
             "metadata": metadata or {},
             "dtype": None if dtype is None else np.dtype(dtype).name,
+            "manifest_version": mf.MANIFEST_VERSION,
+            "manifest": manifest,
         }
         self._files.write_text(self._marker(version), json.dumps(meta))  # the per-version commit marker
         return path
@@ -305,6 +341,7 @@ class PolicyStore:
         path = self.version_path(version)
         if not self.is_complete(version):
             raise StoreError(f"policy version {version} at {path} is missing or incomplete")
+        self.verify(version)
         # A fresh checkpointer per load: nothing cached between polls.
         try:
             with ocp.StandardCheckpointer() as ckptr:
@@ -314,6 +351,30 @@ class PolicyStore:
         params = _to_target_dtypes(params, target)
         _check_matches(params, target, f"policy version {version}")
         return params
+
+    def verify(self, version: int) -> None:
+        """Checks every file of `version` against the manifest in its metadata: ChecksumError
+        naming the first file that differs; StoreError for a version without a manifest
+        unless the store was opened with allow_unverified. Reads the whole version once
+        (Orbax then reads it again: versions are immutable once committed)."""
+        meta = self.read_metadata(version)
+        if "manifest" not in meta:
+            if self.allow_unverified:
+                return
+            raise StoreError(
+                f"policy version {version} has no checksum manifest (published before checksums were "
+                "added): re-publish it, or open the store with PolicyStore(root, allow_unverified=True)"
+            )
+        if meta.get("manifest_version") != mf.MANIFEST_VERSION:
+            raise StoreError(f"policy version {version}: unknown manifest_version {meta.get('manifest_version')!r:.20}")
+        root = os.fspath(self.version_path(version))
+        listing = self._call(f"listing policy version {version}", self._files.walk, root)
+        what = f"hashing policy version {version}"
+        found = mf.problem(
+            meta["manifest"], listing, lambda rel: self._call(what, self._files.sha256, f"{root}/{rel}"), METADATA
+        )
+        if found:
+            raise ChecksumError(f"policy version {version} at {root}: {found}")
 
     def load_latest(self, target: Any) -> tuple[int, Any] | None:
         version = self.latest_version()

@@ -97,11 +97,18 @@ def make_checkpointer(checkpoint_dir: str | None) -> LearnerCheckpointer | None:
 
 
 def restore_or_initialise(
-    learner: Learner, checkpointer, warmstart: WarmStartConfig, env: str, task_seed: int, init_policy: str | None
+    learner: Learner,
+    checkpointer,
+    warmstart: WarmStartConfig,
+    env: str,
+    task_seed: int,
+    init_policy: str | None,
+    *,
+    init_policy_unverified: bool = False,
 ) -> Start:
     """The newest checkpoint's params, optimizer, reference and bookkeeping; else a warm
     start (when asked) from the initial params. The KL reference is the policy RL starts
-    from, loaded once."""
+    from, loaded once. init_policy_unverified: the init store may predate checksum manifests."""
     if learner.cfg.loss.kl_coef > 0:
         learner.set_reference(learner.params)  # the right shapes, for the restore target
     restored = checkpointer.restore_latest(abstract_tree(learner_state_of(learner))) if checkpointer else None
@@ -113,7 +120,7 @@ def restore_or_initialise(
         return Start(meta["learner_version"], step, meta["feeder_position"], consumed_ids_of(meta))
     t0 = time.monotonic()
     if init_policy:
-        found = PolicyStore(init_policy).load_latest(learner.params_dict())
+        found = PolicyStore(init_policy, allow_unverified=init_policy_unverified).load_latest(learner.params_dict())
         if found is None:
             raise ValueError(f"--init_policy {init_policy} holds no complete policy version")
         nnx.replace_by_pure_dict(learner.params, found[1])  # the store holds plain dicts
