@@ -15,6 +15,7 @@ import collections
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -96,7 +97,7 @@ class BudgetProbe(threading.Thread):
     def __init__(self, delay_s: float, window_s: float, cores: set[int]):
         super().__init__(name="budget-probe", daemon=True)
         self.delay_s, self.window_s, self.cores = delay_s, window_s, sorted(cores)
-        self.pyspy = shutil.which("py-spy") or str(Path(os.sys.executable).with_name("py-spy"))
+        self.pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         self.result: dict | None = None
 
     def _find(self, needle: str, timeout_s: float = 300.0) -> psutil.Process | None:

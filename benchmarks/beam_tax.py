@@ -147,23 +147,25 @@ def rollout_job(cfg: BeamTaxConfig, flags: list[str]) -> tuple[dict, dict | None
     own = os.sched_getaffinity(0)
     if rest:  # this process feeds and drains the job (the learner's side): not on its core
         os.sched_setaffinity(0, rest)
-    probe = BudgetProbe(cfg.warm_s + 25.0, max(10.0, cfg.measure_s - 30.0), {int(c) for c in cfg.cpus.split(",")})
+    probe = BudgetProbe(cfg.warm_s + 25.0, max(10.0, cfg.measure_s - 30.0), cores)
     if cfg.budget:
         probe.start()
-    job = rollout_alone(
-        Path(cfg.init_policy),
-        cfg.tool_latency,
-        Path(cfg.workdir),
-        rollout_cpus={int(c) for c in cfg.cpus.split(",")},
-        group_size=cfg.group_size,
-        warm_s=cfg.warm_s,
-        measure_s=cfg.measure_s,
-        env_name=cfg.env,
-        plan_flags=flags,
-    )
-    if cfg.budget:
-        probe.join(timeout=60.0)
-    os.sched_setaffinity(0, own)
+    try:
+        job = rollout_alone(
+            Path(cfg.init_policy),
+            cfg.tool_latency,
+            Path(cfg.workdir),
+            rollout_cpus=cores,
+            group_size=cfg.group_size,
+            warm_s=cfg.warm_s,
+            measure_s=cfg.measure_s,
+            env_name=cfg.env,
+            plan_flags=flags,
+        )
+        if cfg.budget:
+            probe.join(timeout=60.0)
+    finally:
+        os.sched_setaffinity(0, own)
     return {k: v for k, v in job.items() if k != "trajectories_per_s_by_5s"}, probe.result
 
 

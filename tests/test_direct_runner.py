@@ -5,6 +5,7 @@ and refused on a Beam version they were not written for. The publisher DoFn
 their attributes on the emulator."""
 
 import logging
+import threading
 
 import apache_beam as beam
 import pytest
@@ -123,6 +124,11 @@ def test_each_dofn_is_round_tripped_once_per_thread():
         first = transform_evaluator.pickler.roundtrip(fn)
         assert first is not fn and transform_evaluator.pickler.roundtrip(fn) is first
         assert transform_evaluator.pickler.roundtrip(other) is not first
+        elsewhere = []  # another executor thread gets its own copy
+        worker = threading.Thread(target=lambda: elsewhere.append(transform_evaluator.pickler.roundtrip(fn)))
+        worker.start()
+        worker.join()
+        assert elsewhere[0] is not first and elsewhere[0] is not fn
         assert transform_evaluator.pickler.dumps is not None  # the rest of the module is Beam's
         with pytest.raises(TypeError, match="not picklable"):  # an unpicklable DoFn still fails
             transform_evaluator.pickler.roundtrip(_Unpicklable())

@@ -12,7 +12,7 @@ do), and readers start from LATEST, which is replaced atomically after the versi
 Who touches what: the arrays go through Orbax (TensorStore; on gs:// its own GCS client,
 pointed at an emulator by TENSORSTORE_GCS_HTTP_URL). Orbax's own small files go through
 etils.epath, which for gs:// needs `gcsfs`. Our commit markers, LATEST, listings and
-deletes go through `_Files`: os calls locally, google-cloud-storage on gs:// (honours
+deletes go through `store_files.py`: os calls locally, google-cloud-storage on gs:// (honours
 STORAGE_EMULATOR_HOST). Not epath: gcsfs caches listings, so a long-lived poller saw
 neither new versions nor their markers (measured against the emulator).
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from typing import Any
 
@@ -35,6 +34,7 @@ from google.api_core.exceptions import GoogleAPIError
 from google.auth.exceptions import GoogleAuthError
 
 from core.contracts import manifest as mf
+from core.contracts.store_files import LocalFiles, files_for
 
 LATEST = "LATEST"
 METADATA = "metadata.json"
@@ -49,149 +49,6 @@ class StoreError(RuntimeError):
 class ChecksumError(StoreError):
     """A version's files differ from its manifest (a flipped byte, a truncated, missing or
     extra file). A StoreError, so pollers keep their current version and count the failure."""
-
-
-def disable_gcsfs_listing_cache() -> None:
-    """Orbax reaches gs:// through epath -> gcsfs, whose listing cache never expires: a
-    poller would miss steps/versions written by another process. Applies to gcsfs
-    instances created afterwards; an explicit user setting wins."""
-    try:
-        import fsspec.config
-    except ImportError:
-        return
-    fsspec.config.conf.setdefault("gs", {}).setdefault("use_listings_cache", False)
-
-
-disable_gcsfs_listing_cache()
-
-
-class _LocalFiles:
-    """Small-file operations on a local filesystem."""
-
-    def read_text(self, path: str) -> str | None:
-        try:
-            with open(path) as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-    def write_text(self, path: str, text: str) -> None:
-        """Replace `path` so a reader sees the old or the new content, never a mix."""
-        parent = os.path.dirname(path)
-        os.makedirs(parent, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())  # data on disk before the rename makes it visible
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
-
-    def children(self, path: str) -> list[str]:
-        try:
-            return os.listdir(path)
-        except FileNotFoundError:
-            return []
-
-    def delete(self, path: str) -> None:
-        if os.path.exists(path):
-            os.unlink(path)
-
-    def delete_tree(self, path: str) -> None:
-        epath.Path(path).rmtree(missing_ok=True)
-
-    def walk(self, path: str) -> dict[str, int]:
-        return mf.walk_local(path)
-
-    def sha256(self, path: str) -> tuple[str, int]:
-        return mf.sha256_local(path)
-
-
-class _GcsFiles:
-    """The same operations on GCS via google-cloud-storage. Each upload replaces a whole
-    object, which GCS makes visible atomically; listings and reads are never cached.
-    Reads give up after read_timeout_s (the library's default retries for 120 s), so a
-    poller reports an outage quickly and keeps its version; writes keep the default."""
-
-    def __init__(self, read_timeout_s: float = 20.0):
-        from google.api_core.exceptions import NotFound
-        from google.cloud.storage.retry import DEFAULT_RETRY
-
-        self._not_found = NotFound
-        self._client = None  # created on first use: unpicklable, and reads env at creation
-        self._read = {"retry": DEFAULT_RETRY.with_timeout(read_timeout_s), "timeout": min(read_timeout_s, 60.0)}
-
-    def _split(self, path: str) -> tuple[Any, str]:
-        if self._client is None:
-            from google.cloud import storage
-
-            self._client = storage.Client()
-        bucket, _, key = path.removeprefix("gs://").partition("/")
-        return self._client.bucket(bucket), key
-
-    def read_text(self, path: str) -> str | None:
-        bucket, key = self._split(path)
-        try:
-            return bucket.blob(key).download_as_bytes(**self._read).decode()
-        except self._not_found:
-            return None
-
-    def write_text(self, path: str, text: str) -> None:
-        bucket, key = self._split(path)
-        bucket.blob(key).upload_from_string(text.encode(), content_type="application/json")
-
-    def exists(self, path: str) -> bool:
-        bucket, key = self._split(path)
-        return bucket.blob(key).exists(**self._read)
-
-    def children(self, path: str) -> list[str]:
-        """Names directly below path/ (objects and "directories")."""
-        bucket, key = self._split(path)
-        prefix = key.rstrip("/") + "/"
-        it = self._client.list_blobs(bucket, prefix=prefix, delimiter="/", **self._read)
-        names = [b.name[len(prefix) :] for b in it]  # consuming pages fills it.prefixes
-        return [n for n in names if n] + [p[len(prefix) :].rstrip("/") for p in it.prefixes]
-
-    def delete(self, path: str) -> None:
-        bucket, key = self._split(path)
-        try:
-            bucket.blob(key).delete()
-        except self._not_found:
-            pass  # already gone (or deleted concurrently): the goal is reached
-
-    def delete_tree(self, path: str) -> None:
-        bucket, key = self._split(path)
-        for blob in self._client.list_blobs(bucket, prefix=key.rstrip("/") + "/"):
-            self.delete(f"gs://{bucket.name}/{blob.name}")
-
-    def walk(self, path: str) -> dict[str, int]:
-        """{relative path: size} of every object below path/ (placeholder "dir/" objects skipped)."""
-        bucket, key = self._split(path)
-        prefix = key.rstrip("/") + "/"
-        blobs = self._client.list_blobs(bucket, prefix=prefix, **self._read)
-        return {b.name[len(prefix) :]: b.size for b in blobs if not b.name.endswith("/")}
-
-    def sha256(self, path: str) -> tuple[str, int]:
-        """Streams the object through the hash: never held whole in memory."""
-        bucket, key = self._split(path)
-        sink = mf.Sha256Sink()
-        bucket.blob(key).download_to_file(sink, **self._read)
-        return sink.hexdigest(), sink.bytes
-
-
-def files_for(root: str, gcs_read_timeout_s: float = 20.0) -> _LocalFiles | _GcsFiles:
-    if root.startswith("gs://"):
-        return _GcsFiles(gcs_read_timeout_s)
-    if "://" in root:
-        raise ValueError(f"unsupported store root {root!r}: use a local path or gs://")
-    return _LocalFiles()
 
 
 def _is_float(x) -> bool:
@@ -272,7 +129,7 @@ class PolicyStore:
     def _write_version(self, version: int, params: Any, metadata: dict | None = None, *, dtype=None) -> epath.Path:
         """Step 1 of publish: the complete version directory, not yet visible via LATEST."""
         path = self.version_path(version)
-        if isinstance(self._files, _LocalFiles):
+        if isinstance(self._files, LocalFiles):
             self.policies_dir.mkdir(parents=True, exist_ok=True)  # GCS has no directories
         # A marker left by an earlier, never-published write of this version must not vouch
         # for the data about to be rewritten: remove it before touching the data.

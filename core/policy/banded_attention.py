@@ -21,7 +21,8 @@ import numpy as np
 
 # Smaller blocks waste fewer keys past the span (a query block reads W + 1 key blocks); on
 # CPU, 4x1024 rows with span 256 step in 1.67 / 1.71 / 2.17 / 3.05 s at blocks 32 / 64 /
-# 128 / 256, against 1.71 s for the same tokens in 256-token rows (benchmarks/attention.py).
+# 128 / 256 (one run), and the same tokens in 256-token rows took 1.57-1.79 s in three
+# runs of benchmarks/attention.py (docs/BENCHMARKS.md, "Fill").
 # An accelerator may want 128 (its matmul tile): the Transformer takes `block`.
 DEFAULT_BLOCK = 64
 _NO_SEGMENT = -1  # the segment id of the row's padding to a block multiple: matches no real id

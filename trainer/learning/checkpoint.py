@@ -32,7 +32,7 @@ from typing import Any, Self
 import orbax.checkpoint as ocp
 from etils import epath
 
-from core.contracts.store import disable_gcsfs_listing_cache
+from core.contracts.store_files import disable_gcsfs_listing_cache
 
 log = logging.getLogger(__name__)
 
