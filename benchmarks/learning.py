@@ -77,7 +77,7 @@ def job_from_run(name: str, workdir: Path, cfg: DemoConfig) -> dict:
     return {"name": name, "flags": flags, "wall_s": None, "summary": summary, "rows": rows}
 
 
-def plot(jobs: list[dict], path: Path) -> None:
+def plot(jobs: list[dict], path: Path, title: str = "calculator") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,7 +97,7 @@ def plot(jobs: list[dict], path: Path) -> None:
         ax.axhline(0.9, color="grey", lw=0.8, ls="--")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("calculator: held-out success of each evaluated policy version")
+    fig.suptitle(f"{title}: held-out success of each evaluated policy version")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -114,6 +114,12 @@ class Environment(abc.ABC):
         or, when the model writes its own chat format's tool calls, the `Action` parsed
         from them (environments/tool_calls.py; `ToolEnvironment` takes both)."""
 
+    def success(self, reward: float, info: dict) -> bool:
+        """Whether an episode that earned `reward` (its last step's `info`) solved its task:
+        what held-out evaluation counts. Any reward by default; an environment whose reward
+        gives partial credit says what a full solution is."""
+        return reward > 0
+
     def tools(self) -> list[dict]:
         """The environment's tools as JSON schemas in Hugging Face's `tools` format, for a
         chat template's tool block; none by default (text in, text out only)."""

@@ -100,6 +100,10 @@ class CodeEnv(ToolEnvironment):
     async def score_answer(self, text: str) -> float:
         return await self._grade(text)
 
+    def success(self, reward: float, info: dict) -> bool:
+        # The reward is partial credit (the share of hidden tests passed); solved = all pass.
+        return info.get("tests_total", 0) > 0 and info.get("tests_passed") == info.get("tests_total")
+
     async def call_tool(self, args: str) -> tuple[str, float, bool]:
         return await self._run(args), 0.0, False
 

@@ -62,6 +62,7 @@ def _builder_class():
         seed: int = 0
         train_size: int = 1000
         test_size: int = 256
+        task_settings: str = "{}"  # JSON: the env_config entries that shape the tasks
         fingerprint: str = ""  # Of the generated content, computed once by `build`.
 
     class LocalDatasetInfo(tfds.core.DatasetInfo):
@@ -86,7 +87,9 @@ def _builder_class():
                 description=f"Tasks of the {c.name!r} environment.",
                 features=tfds.features.FeaturesDict({k: text for k in _FEATURES}),
                 disable_shuffling=True,  # Keep generation order: file index = task index.
-                metadata=tfds.core.MetadataDict(_metadata(c.name, c.seed, c.train_size, c.test_size, c.fingerprint)),
+                metadata=tfds.core.MetadataDict(
+                    _metadata(c.name, c.seed, c.train_size, c.test_size, c.fingerprint, json.loads(c.task_settings))
+                ),
             )
 
         def _split_generators(self, dl_manager):
@@ -99,7 +102,7 @@ def _builder_class():
 
         def _generate_examples(self, split, n):
             c = self.builder_config
-            for i, task in enumerate(registry.make_tasks(c.name, c.seed, n, split)):
+            for i, task in enumerate(registry.make_tasks(c.name, c.seed, n, split, json.loads(c.task_settings))):
                 yield i, _encode(task)
 
     return TasksConfig, AgenticRlTasks
@@ -127,16 +130,16 @@ def _decode(example: dict[str, Any]) -> Task:
     )
 
 
-def _fingerprint(env_name: str, seed: int, train_size: int, test_size: int) -> str:
+def _fingerprint(env_name: str, seed: int, train_size: int, test_size: int, settings: dict) -> str:
     # Over the generated content, so a changed generator is noticed, not silently reused.
     h = hashlib.sha256()
     for split, n in (("train", train_size), ("test", test_size)):
-        for task in registry.make_tasks(env_name, seed, n, split):
+        for task in registry.make_tasks(env_name, seed, n, split, settings):
             h.update(json.dumps(_encode(task), sort_keys=True).encode() + b"\n")
     return h.hexdigest()
 
 
-def _metadata(env_name: str, seed: int, train_size: int, test_size: int, fingerprint: str) -> dict:
+def _metadata(env_name: str, seed: int, train_size: int, test_size: int, fingerprint: str, settings: dict) -> dict:
     return {
         "format": FORMAT,
         "env": env_name,
@@ -144,6 +147,7 @@ def _metadata(env_name: str, seed: int, train_size: int, test_size: int, fingerp
         "train_size": train_size,
         "test_size": test_size,
         "fingerprint": fingerprint,
+        **({"task_settings": settings} if settings else {}),  # absent for the defaults: old datasets still match
     }
 
 
@@ -167,8 +171,11 @@ def build(
     seed: int = 0,
     *,
     overwrite: bool = False,
+    env_config: dict | None = None,
 ) -> pathlib.Path:
     """Generate `env_name`'s train/test tasks into `data_dir`; return the dataset dir.
+    `env_config`: the environment's settings; those that shape its tasks (guess's range)
+    are part of the dataset, so another range is another dataset.
 
     Idempotent: if the same dataset (same generator output for these sizes and seed) is
     already there, nothing is written. A different one there is an error unless
@@ -176,8 +183,9 @@ def build(
     """
     _check_args(env_name, {"train_size": train_size, "test_size": test_size, "seed": seed})
     path = dataset_dir(env_name, data_dir)
-    fingerprint = _fingerprint(env_name, seed, train_size, test_size)  # KeyError: no tasks.
-    want = _metadata(env_name, seed, train_size, test_size, fingerprint)
+    settings = registry.task_settings(env_name, env_config)  # KeyError: no tasks.
+    fingerprint = _fingerprint(env_name, seed, train_size, test_size, settings)
+    want = _metadata(env_name, seed, train_size, test_size, fingerprint, settings)
     if (path / "dataset_info.json").exists():
         have = _read_metadata(path)
         if have == want:
@@ -189,7 +197,14 @@ def build(
         shutil.rmtree(path)  # Fresh builder below; no stale DatasetInfo carried over.
     tfds = _tfds()
     config_cls, builder_cls = _builder_class()
-    config = config_cls(name=env_name, seed=seed, train_size=train_size, test_size=test_size, fingerprint=fingerprint)
+    config = config_cls(
+        name=env_name,
+        seed=seed,
+        train_size=train_size,
+        test_size=test_size,
+        task_settings=json.dumps(settings, sort_keys=True),
+        fingerprint=fingerprint,
+    )
     builder = builder_cls(config=config, data_dir=str(data_dir), file_format="array_record")
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
     return path

@@ -9,6 +9,7 @@ the `agentic_rl.environments` entry-point group (see `load_entry_points`).
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import warnings
 from collections.abc import Callable
 
@@ -62,12 +63,25 @@ def make(name: str, **config_kwargs) -> Environment:
     return factory(**config_kwargs)
 
 
-def make_tasks(name: str, seed: int, n: int, split: str = "train") -> list[Task]:
+def _generator(name: str) -> TaskGenerator:
     try:
-        gen = _TASKS[name]
+        return _TASKS[name]
     except KeyError:
         raise KeyError(f"no task generator for {name!r}; have: {sorted(_TASKS)}") from None
-    return gen(seed, n, split)
+
+
+def task_settings(name: str, env_config: dict | None) -> dict:
+    """The part of an environment's settings that shapes its tasks: the entries of
+    `env_config` its generator takes as keyword-only parameters (guess: low, high)."""
+    params = inspect.signature(_generator(name)).parameters
+    accepted = {k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return {k: v for k, v in (env_config or {}).items() if k in accepted}
+
+
+def make_tasks(name: str, seed: int, n: int, split: str = "train", env_config: dict | None = None) -> list[Task]:
+    """`n` tasks of `split`, drawn for the environment as `env_config` sets it up (a guess
+    game of 1..32 draws its windows from 1..32)."""
+    return _generator(name)(seed, n, split, **task_settings(name, env_config))
 
 
 def oracle(name: str) -> Oracle:

@@ -83,8 +83,14 @@ class FilterZeroSignalGroupsFn(beam.DoFn):
         if not group:
             self.empty.inc()
             return
+        # Every group's mean reward, in quarters, and how many had no signal: on the local
+        # runner too (telemetry rows), so a recipe whose groups all score alike shows it.
+        mean = min(max(sum(t.reward for t in group) / len(group), 0.0), 1.0)
+        telemetry().count("groups")
+        telemetry().count(f"groups_mean_reward_{25 * round(4 * mean)}pct")
         if all(t.advantage == 0.0 for t in group):
             self.zero_groups.inc()
+            telemetry().count("groups_zero_signal")
             if self.enabled:
                 self.dropped_groups.inc()
                 self.dropped_trajs.inc(len(group))

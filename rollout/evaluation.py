@@ -19,12 +19,35 @@ from rollout.engine import InferenceEngine
 from rollout.episodes import EpisodeLimits, run_episode
 
 MODES = ("sampled", "greedy")  # temperature 1 (what RL trains on; judge by this), and argmax
+# Why an episode failed, first match wins (docs/RESULTS.md reports these per recipe).
+FAILURES = ("timeout", "env_error", "sandbox_error", "truncated", "bad_call", "no_call", "wrong_answer")
 
 
-def summarize(outcomes) -> dict:
-    """Success, turns, tool use and episode statuses of a list of episode outcomes."""
+def failure_class(outcome, succeeded: bool) -> str:
+    """ "success", or the first of FAILURES that describes the episode: ran out of time, the
+    environment raised, the sandbox did not run the submission, out of turns or tokens, a
+    malformed or unknown tool call, an answer without any tool call, or a wrong answer."""
+    if succeeded:
+        return "success"
+    info = outcome.info
+    if outcome.status in ("timeout", "env_error"):
+        return outcome.status
+    if info.get("sandbox_status", "ok") != "ok":
+        return "sandbox_error"
+    if outcome.status == "truncated":
+        return "truncated"
+    if info.get("malformed_calls", 0) or info.get("unknown_tool_calls", 0):
+        return "bad_call"
+    return "no_call" if not info.get("tool_calls", 0) else "wrong_answer"
+
+
+def summarize(outcomes, success=None) -> dict:
+    """Success (the environment's criterion, `success(reward, info)`; default reward > 0),
+    turns, tool use, episode statuses and failure classes of a list of episode outcomes."""
     n = len(outcomes)
     rewards = np.array([o.reward for o in outcomes], np.float64)
+    success = success or (lambda reward, info: reward > 0)
+    wins = [bool(success(o.reward, o.info)) for o in outcomes]
     info = collections.Counter()
     for o in outcomes:
         for key in ("tool_calls", "tool_errors", "malformed_calls", "unknown_tool_calls"):
@@ -32,7 +55,7 @@ def summarize(outcomes) -> dict:
     turns = sum(o.turns for o in outcomes)
     return {
         "n": n,
-        "success": float(np.mean(rewards > 0)) if n else 0.0,
+        "success": float(np.mean(wins)) if n else 0.0,
         "mean_reward": float(rewards.mean()) if n else 0.0,
         "mean_turns": turns / max(n, 1),
         "tool_calls_per_episode": info["tool_calls"] / max(n, 1),
@@ -40,11 +63,13 @@ def summarize(outcomes) -> dict:
         "tool_error_rate": info["tool_errors"] / max(info["tool_calls"], 1),
         "malformed_rate": (info["malformed_calls"] + info["unknown_tool_calls"]) / max(turns, 1),
         "status": dict(collections.Counter(o.status for o in outcomes)),
+        "outcomes": dict(collections.Counter(failure_class(o, w) for o, w in zip(outcomes, wins))),
+        # Seconds of sandbox runs (code's tool and grader) per episode: the environment's cost.
+        "sandbox_s": sum(o.info.get("sandbox_s", 0.0) for o in outcomes) / max(n, 1),
     }
 
 
-async def _episodes(engine, env_name: str, env_config: dict, tasks, limits: EpisodeLimits):
-    envs = [environments.make(env_name, **env_config) for _ in tasks]
+async def _episodes(engine, envs, tasks, limits: EpisodeLimits):
     return await asyncio.gather(*(run_episode(engine, env, t, limits) for env, t in zip(envs, tasks)))
 
 
@@ -61,5 +86,7 @@ def evaluate(
     in the model's chat format (default: the byte format)."""
     engine = InferenceEngine(sampler, lambda: (params, 0), limits.max_tokens, chat_format)
     t0 = time.monotonic()
-    outcomes = asyncio.run(_episodes(engine, env_name, dict(env_config or {}), tasks, limits))
-    return {**summarize(outcomes), "eval_s": round(time.monotonic() - t0, 2)}
+    envs = [environments.make(env_name, **dict(env_config or {})) for _ in tasks]
+    outcomes = asyncio.run(_episodes(engine, envs, tasks, limits))
+    success = envs[0].success if envs else None  # the environment's own criterion, not a shaped reward
+    return {**summarize(outcomes, success), "eval_s": round(time.monotonic() - t0, 2)}

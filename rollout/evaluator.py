@@ -79,10 +79,10 @@ def held_out_tasks(args) -> list:
     if args.env not in environments.names():
         raise ValueError(f"unknown environment {args.env!r} (--env); known: {environments.names()}")
     if not args.data_dir:
-        return environments.make_tasks(args.env, args.task_seed, args.n, "test")
+        return environments.make_tasks(args.env, args.task_seed, args.n, "test", args.env_config)
     from environments import datasets
 
-    datasets.build(args.env, args.data_dir, seed=args.task_seed)
+    datasets.build(args.env, args.data_dir, seed=args.task_seed, env_config=args.env_config)
     tasks = list(datasets.load_tasks(args.env, "test", args.data_dir))
     if len(tasks) < args.n:
         raise SystemExit(f"--n={args.n} but the test split in {args.data_dir} holds {len(tasks)} tasks")
@@ -159,12 +159,9 @@ def _run(args, writer, tracer) -> list[dict]:
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             log.info(
-                "eval v%d %s: success %.3f over %d tasks (%.1fs)",
-                version,
-                mode,
-                row["success"],
-                row["n"],
-                row["eval_s"],
+                "eval v%d %s: success %.3f over %d tasks (%.1fs): %s",
+                *(version, mode, row["success"], row["n"], row["eval_s"]),
+                ", ".join(f"{k} {v}" for k, v in sorted(row["outcomes"].items())),
             )
         done = version
     raise SystemExit(f"evaluator timed out after {args.timeout_s}s at version {done}")
@@ -174,9 +171,11 @@ def eval_scalars(row: dict) -> dict:
     m = row["mode"]
     out = {"eval/version": row["version"], f"eval/{m}_success": row["success"]}
     out["eval/skipped_versions"] = row["skipped_versions"]
-    for k in ("mean_turns", "tool_calls_per_episode", "tool_error_rate", "malformed_rate", "eval_s"):
+    for k in ("mean_turns", "tool_calls_per_episode", "tool_error_rate", "malformed_rate", "eval_s", "sandbox_s"):
         if isinstance(row.get(k), int | float):
             out[f"eval/{m}_{k}"] = row[k]
+    for outcome, count in (row.get("outcomes") or {}).items():  # shares: how episodes end
+        out[f"eval/{m}_outcome_{outcome}"] = count / max(row["n"], 1)
     return out
 
 

@@ -38,6 +38,11 @@ TABLE: list[Row] = [
         "--max_restarts must be >= 0"),
     row(DEMO, "--rollout_cpus", "--rollout_cpus=0,a", "not a comma-separated list of core numbers",
         "no cores to pin the rollout side to", "rollout_cpus", "--rollout_cpus must be comma-separated core numbers"),
+    row(DEMO, "--env_config", ("--env=guess", '--env_config={"colour": 1}'), "not a setting of the --env",
+        "every process would refuse it after the warm start began", "--env_config",
+        "--env_config {'colour': 1} is not a setting of --env guess"),
+    row(DEMO, "--max_new_tokens_per_turn", "--max_new_tokens_per_turn=0", "< 1", "a model turn that writes nothing",
+        "--max_new_tokens_per_turn", "--max_new_tokens_per_turn must be >= 1"),
     # ---- the Vertex AI launcher: python -m trainer.cloud.vertex ---------------------
     row(VERTEX, "--project", "--project=My_Project", "not a GCP project id", "a job the API refuses after upload",
         "project", "project 'My_Project' is not a GCP project id"),

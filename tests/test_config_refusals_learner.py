@@ -65,6 +65,8 @@ TABLE: list[Row] = [
         "learning_rate", "learning_rate must be >= 0"),
     row(L, "--learning_rate", "--learning_rate=nan", "NaN", "NaN weights after the first step",
         "learning_rate", "learning_rate must be >= 0"),
+    row(L, "--lr_warmup_steps", "--lr_warmup_steps=-1", "< 0", "no number of warmup steps",
+        "lr_warmup_steps", "lr_warmup_steps must be an int >= 0"),
     row(L, "--publish_every", "--publish_every=0", "< 1", "a policy version every 0 steps",
         "publish_every", "publish_every must be >= 1"),
     row(L, "--env", "--env=chess", "not a registered environment", "no prompts to request",
@@ -104,6 +106,14 @@ TABLE: list[Row] = [
     row(L, "--ack_extend_every_s", "--ack_extend_every_s=90", ">= --ack_deadline_s / 2",
         "records held for their checkpoint would be redelivered while held", "extend_every_s",
         "extend_every_s must be in (0, ack_deadline_s / 2"),
+    row(L, "--starved_warn_s", "--starved_warn_s=0", "<= 0", "a starving learner would say why on every poll",
+        "starved_warn_s", "--starved_warn_s must be > 0"),
+    row(L, "--starved_stop_s", "--starved_stop_s=30", "> 0 and < --starved_warn_s",
+        "a run stopped as unable to train before it said why once", "starved_stop_s",
+        "--starved_stop_s must be 0 (never) or >= --starved_warn_s"),
+    row(L, "--starved_min_dropped", "--starved_min_dropped=0", "< 1",
+        "a run stopped for silence alone, while the rollout side may still be starting", "starved_min_dropped",
+        "--starved_min_dropped must be an int >= 1"),
 ]  # fmt: skip
 
 test_refused_with_documented_message, test_message_names_the_field, test_refused_before_anything_starts = checks(TABLE)

@@ -20,6 +20,7 @@ from trainer.learning.deliveries import DeliveryConfig
 from trainer.learning.feeder import CreditConfig
 from trainer.learning.learner import LearnerConfig
 from trainer.learning.staleness import StalenessConfig
+from trainer.learning.starvation import StarvationConfig
 from trainer.learning.warmstart import WarmStartConfig
 
 # Flags Vertex AI's environment sets by default (applied in trainer.task.main, never here).
@@ -103,6 +104,7 @@ class LearnerJobConfig:
     credits: CreditConfig = section(CreditConfig, help="the feeder's credit window")
     delivery: DeliveryConfig = section(DeliveryConfig, help="holding records until a checkpoint covers them")
     warmstart: WarmStartConfig = section(WarmStartConfig, "warmstart_", "behaviour cloning before policy v0")
+    starvation: StarvationConfig = section(StarvationConfig, help="a learner that gets no records: says why, or stops")
 
     def __post_init__(self):
         parse_mesh(self.mesh)  # refused here, naming --mesh

@@ -44,7 +44,7 @@ def run(cfg: LearnerJobConfig) -> RunSummary:
     B.check_settings(cfg)  # the environment, before anything starts
     tracer = B.make_tracer(cfg.trace_dir)
     learner = B.make_learner(cfg, B.make_mesh_from_flag(cfg.mesh))
-    tasks = B.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir)
+    tasks = B.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir, cfg.env_config)
     checkpointer = B.make_checkpointer(cfg.checkpoint_dir)
     with tracer.span("warm start or restore", "learner"):
         start = B.restore_or_initialise(
@@ -55,6 +55,7 @@ def run(cfg: LearnerJobConfig) -> RunSummary:
             cfg.task_seed,
             cfg.init_policy,
             init_policy_unverified=cfg.init_policy_unverified,
+            env_config=cfg.env_config,
         )
     publisher = B.make_publisher(cfg, learner, checkpointer, start)
     publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)

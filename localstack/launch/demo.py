@@ -32,7 +32,7 @@ from localstack.launch.plan import PlanConfig
 from localstack.launch.processes import ProcessGroup
 from localstack.reports import reconcile
 from localstack.reports.heldout import held_out_summary
-from localstack.reports.live import Progress
+from localstack.reports.live import Progress, learner_waiting
 from localstack.reports.summary import DemoSummary, print_summary
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
@@ -60,7 +60,7 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         env=cfg.env,
         model_config=cfg.model_config,
         model=cfg.model,
-        env_config={"tool_latency": cfg.tool_latency},
+        env_config={**cfg.env_config, "tool_latency": cfg.tool_latency},
         init_policy=cfg.init_policy,
         sync=cfg.sync,
         max_steps=cfg.max_steps,
@@ -95,6 +95,7 @@ def rollout_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         policy_poll_s=cfg.policy_poll_s,
         max_wait_s=cfg.max_wait_s,
         filter_zero_signal=not cfg.keep_zero_signal,
+        max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
         **_layout(cfg),
         **telemetry(cfg, workdir),
     )
@@ -110,8 +111,10 @@ def evaluator_config(cfg: DemoConfig, workdir: Path, store: Path) -> EvaluatorCo
         policy_root=str(store),
         out=str(workdir / "eval.jsonl"),
         env=cfg.env,
+        env_config=cfg.env_config,  # the held-out tasks and limits of the recipe, no tool latency
         model_config=cfg.model_config,
         model=cfg.model,
+        max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
         data_dir=str(workdir / "datasets"),
         stop_file=str(workdir / "final_version"),
         timeout_s=cfg.timeout_s + 600,
@@ -143,6 +146,7 @@ def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
             PlanConfig,
             env=cfg.env,
             tool_latency=cfg.tool_latency,
+            env_config=cfg.env_config,
             batch_records=cfg.batch_records,
             group_size=cfg.group_size,
             publish_every=cfg.publish_every,
@@ -236,7 +240,10 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
                     log_path = workdir / f"pipeline-restart-{restarts['pipeline']}.log"
                     pipeline = running.enter_context(ProcessGroup(pipeline_cmd, log_path, env))
                 if time.monotonic() > deadline:
-                    raise DemoFailed(f"learner still running after {cfg.timeout_s + 60}s:\n{learner.log_tail()}")
+                    raise DemoFailed(
+                        f"learner still running after {cfg.timeout_s + 60}s (--timeout_s + 60); "
+                        f"{waited_for(workdir, cfg.max_steps)}\n{learner.log_tail()}"
+                    )
                 progress.update("training")
                 time.sleep(0.5)
             if learner.poll() != 0:
@@ -261,6 +268,18 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
         pids=pids,
         report=None,
     )
+
+
+def waited_for(workdir: Path, max_steps: int) -> str:
+    """What the run was waiting for when it gave up: the learner's step, and why it had no
+    records if it said so."""
+    rows = read_rows(workdir / "logs" / "learner" / "metrics.jsonl")
+    step = rows[-1]["step"] if rows else 0
+    text = f"it had trained {step} of {max_steps} steps"
+    if not (workdir / "policy-store" / LATEST).exists():
+        return text + ", and was still in its warm start (no policy v0)"
+    why = learner_waiting(workdir)
+    return text + (f"; the learner was waiting for records: {why}" if why else "")
 
 
 def _may_restart(restarts: dict, name: str, limit: int, log_tail: str) -> None:
@@ -297,8 +316,8 @@ def with_model_layout(cfg: DemoConfig) -> DemoConfig:
         return cfg
     from localstack.launch.model_layout import layout_for_model
 
-    turn = cfg.rollout.engine.max_new_tokens_per_turn
-    found = layout_for_model(cfg.model, cfg.env, turn, env_config={"tool_latency": "none"})
+    turn = cfg.max_new_tokens_per_turn
+    found = layout_for_model(cfg.model, cfg.env, turn, env_config={**cfg.env_config, "tool_latency": "none"})
     print(found.describe(), flush=True)
     return dataclasses.replace(cfg, layout=found.layout)
 

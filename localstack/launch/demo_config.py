@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
+import environments
 from core import config
 from core.config import knob, section
 from core.contracts.record_shape import LayoutConfig
@@ -37,13 +39,14 @@ LEARNER_SET = (
     *TELEMETRY_FLAGS,
 )
 ROLLOUT_SET = (
-    *("requests_subscription", "records_topic", "dead_letter_topic", "policy_root"),
+    *("requests_subscription", "records_topic", "dead_letter_topic", "policy_root", "max_new_tokens_per_turn"),
     *("policy_poll_s", "max_wait_s", "filter_zero_signal", "model_config", "model"),
     *LAYOUT_FLAGS,
     *TELEMETRY_FLAGS,
 )
 EVALUATOR_SET = (
-    *("policy_root", "out", "env", "data_dir", "stop_file", "timeout_s", "max_tokens", "model_config", "model"),
+    *("policy_root", "out", "env", "env_config", "data_dir", "stop_file", "timeout_s", "max_tokens"),
+    *("model_config", "model", "max_new_tokens_per_turn"),
     *TELEMETRY_FLAGS,
 )
 
@@ -75,7 +78,13 @@ class DemoConfig:
     keep_zero_signal: bool = knob(
         False, "also train on groups whose rewards are all equal (they carry no gradient, only dilute it)"
     )
-    env: str = knob("calculator", "calculator, guess or code (any registered name)")
+    env: str = knob(
+        "calculator",
+        "calculator, guess or code (any registered name); selects that environment's recipe "
+        "(localstack/launch/recipes.py), which flags given here override",
+    )
+    env_config: dict = knob({}, "the environment's settings besides tool latency, JSON (turn limit, ranges)")
+    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate (rollout, evaluation, layout)")
     model_config: str = knob(
         LearnerJobConfig.model_config, "the policy model, the same in every process", choices=sorted(MODEL_CONFIGS)
     )
@@ -117,6 +126,13 @@ class DemoConfig:
     evaluator: EvaluatorConfig = section(main_job_evaluator, "eval_", "the held-out evaluator", EVALUATOR_SET)
 
     def __post_init__(self):
+        if self.env in environments.names():  # a plugin's is checked by the learner, once loaded
+            try:
+                environments.make(self.env, **{**self.env_config, "tool_latency": self.tool_latency})
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"--env_config {self.env_config} is not a setting of --env {self.env}: {e}") from None
+        if self.max_new_tokens_per_turn < 1:
+            raise ValueError(f"--max_new_tokens_per_turn must be >= 1, got {self.max_new_tokens_per_turn}")
         if self.max_restarts < 0:
             raise ValueError(f"--max_restarts must be >= 0, got {self.max_restarts}")
         for flag in ("learner_cpus", "rollout_cpus"):  # refused here, not once the watchdog runs
@@ -133,4 +149,10 @@ class DemoConfig:
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
-    return config.parse(DemoConfig, argv, description=__doc__, prog="agentic-rl demo")
+    """The demo's config: the --env's recipe (localstack/launch/recipes.py), then `argv`."""
+    from localstack.launch.recipes import env_of, recipe_argv
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    env = env_of(argv) or DemoConfig.env
+    base = config.parse(DemoConfig, [f"--env={env}", *recipe_argv(env)], prog="agentic-rl demo (recipe)")
+    return config.parse(DemoConfig, argv, description=__doc__, prog="agentic-rl demo", base=base)

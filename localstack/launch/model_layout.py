@@ -62,10 +62,10 @@ def layout_for_model(
     spec = policy_spec(model)
     fmt = chat_format_for(spec.tokenizer)
     environments.load_entry_points()
-    tasks = environments.make_tasks(env, 1, episodes, "train")
+    tasks = environments.make_tasks(env, 1, episodes, "train", env_config)
 
     async def transcripts():
-        return [await oracle_transcript(env, t, fmt=fmt) for t in tasks]
+        return [await oracle_transcript(env, t, fmt=fmt, env_config=env_config) for t in tasks]
 
     lengths = [len(t.tokens) for t in asyncio.run(transcripts())]
     env0 = environments.make(env, **(env_config or {}))

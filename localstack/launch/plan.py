@@ -48,6 +48,7 @@ class PlanConfig:
 
     env: str = knob(LearnerJobConfig.env, "the environment (any registered name)")
     tool_latency: str = knob("fixed:0.5", "per tool call: none, fixed:S, uniform:A:B, lognormal:M:S")
+    env_config: dict = knob({}, "the environment's other settings, JSON (its recipe's turn limit, ranges)")
     episodes: int = knob(64, "oracle episodes measured")
     batch_records: int = knob(LearnerConfig.batch_records, "records per learner step (the learner's)")
     group_size: int = knob(CreditConfig.group_size, "episodes per request (the learner's)")
@@ -100,15 +101,18 @@ async def _oracle_episode(env, oracle, task, fmt: ChatFormat, max_turns: int = 8
     }
 
 
-def measure_environment(env_name: str, tool_latency: str, n: int, fmt: ChatFormat) -> dict:
+def measure_environment(
+    env_name: str, tool_latency: str, n: int, fmt: ChatFormat, env_config: dict | None = None
+) -> dict:
     """n oracle episodes at once (as the engine runs them): per-episode means, and the
     latency model's own draws for the slowest episode of a round."""
-    tasks = environments.make_tasks(env_name, 1, n, "train")
+    settings = {**(env_config or {}), "tool_latency": tool_latency}
+    tasks = environments.make_tasks(env_name, 1, n, "train", settings)
     oracle = environments.oracle(env_name)
 
     async def run_all():
         return await asyncio.gather(
-            *(_oracle_episode(environments.make(env_name, tool_latency=tool_latency), oracle, t, fmt) for t in tasks)
+            *(_oracle_episode(environments.make(env_name, **settings), oracle, t, fmt) for t in tasks)
         )
 
     rows = asyncio.run(run_all())
@@ -214,7 +218,7 @@ def measure_learner(layout, batch_records: int, lengths: list[int], steps: int, 
 def run(cfg: PlanConfig) -> dict:
     layout = cfg.layout.layout
     spec = policy_spec(cfg.model, cfg.model_config)
-    env = measure_environment(cfg.env, cfg.tool_latency, cfg.episodes, chat_format_for(spec.tokenizer))
+    env = measure_environment(cfg.env, cfg.tool_latency, cfg.episodes, chat_format_for(spec.tokenizer), cfg.env_config)
     engine = measure_engine(cfg.engine_slots, layout.trajectory_len, spec.cfg)
     learner = measure_learner(layout, cfg.batch_records, env.pop("lengths"), cfg.learner_steps, spec.cfg)
     generation_s = env["generated_per_episode"] * engine["step_s"]

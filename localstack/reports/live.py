@@ -47,6 +47,7 @@ class RunState:
         self.learner: dict = {}
         self.rollout: dict[str, dict] = {}  # per worker process: its newest row
         self.evals: dict[str, dict] = {}  # per mode: the newest evaluated version's row
+        self.waiting: str | None = None  # why the learner gets no records, when it says so
         self._tails: dict[Path, Tail] = {}
         self.phase = "starting"
 
@@ -62,6 +63,7 @@ class RunState:
         for path in sorted(logs.glob("rollout-*/metrics.jsonl")):
             for row in self._tail(path):
                 self.rollout[path.parent.name] = row
+        self.waiting = learner_waiting(self.workdir)
         for row in self._tail(self.workdir / "eval.jsonl"):
             if row["version"] >= self.evals.get(row["mode"], {}).get("version", -1):
                 self.evals[row["mode"]] = row
@@ -72,6 +74,8 @@ class RunState:
     def fields(self) -> list[tuple[str, str]]:
         L, now = self.learner, time.time()
         rows = [("phase", self.phase)]
+        if self.waiting:
+            rows.append(("learner waiting", self.waiting))
         if L:
             age = now - L["wall_time"]
             rows += [
@@ -107,6 +111,11 @@ class RunState:
                     + (f"   {L['feeder/in_flight']} requested and not back" if L else ""),
                 ),
                 (
+                    "groups",
+                    f"{self._rollout_sum('rollout/groups'):.0f} ended   "
+                    f"{self._rollout_sum('rollout/groups_zero_signal'):.0f} with equal rewards (no signal)",
+                ),
+                (
                     "rollouts",
                     f"{self._rollout_sum('rollout/episodes_per_s'):.1f} episodes/s   env latency "
                     f"p50 {_p(self.rollout, 'rollout/env_latency_ms_p50')}   "
@@ -120,6 +129,14 @@ class RunState:
 
     def line(self) -> str:
         return "progress: " + "; ".join(f"{k} {v}" for k, v in self.fields()[:9])
+
+
+def learner_waiting(workdir: Path) -> str | None:
+    """What the learner last said it waits for (trainer/learning/starvation.py), or None."""
+    try:
+        return json.loads((Path(workdir) / "logs" / "learner" / "status.json").read_text()).get("waiting")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _p(rollout: dict, key: str) -> str:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ from trainer.learning.publisher import PolicyPublisher, learner_state_of
 from trainer.learning.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.sharding import make_mesh
 from trainer.learning.staleness import StalenessControl
+from trainer.learning.starvation import StarvationWatch
 from trainer.learning.telemetry import LearnerTelemetry
 from trainer.learning.warmstart import WarmStartConfig, warm_start
 
@@ -80,15 +82,16 @@ def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
     return learner
 
 
-def load_prompts(env: str, task_seed: int, data_dir: str | None) -> list:
+def load_prompts(env: str, task_seed: int, data_dir: str | None, env_config: dict | None = None) -> list:
     """Training prompts: the environment's TFDS dataset when --data_dir is given (built
-    there from the local generator on first use; nothing is downloaded), else generated."""
+    there from the local generator on first use; nothing is downloaded), else generated;
+    either way drawn as --env_config sets the environment up."""
     environments.load_entry_points()  # environments from installed plugin packages
     if not data_dir:
-        return environments.make_tasks(env, task_seed, 1000, "train")
+        return environments.make_tasks(env, task_seed, 1000, "train", env_config)
     from environments import datasets
 
-    datasets.build(env, data_dir, seed=task_seed)
+    datasets.build(env, data_dir, seed=task_seed, env_config=env_config)
     return list(datasets.load_tasks(env, "train", data_dir))
 
 
@@ -105,6 +108,7 @@ def restore_or_initialise(
     init_policy: str | None,
     *,
     init_policy_unverified: bool = False,
+    env_config: dict | None = None,
 ) -> Start:
     """The newest checkpoint's params, optimizer, reference and bookkeeping; else a warm
     start (when asked) from the initial params. The KL reference is the policy RL starts
@@ -133,10 +137,10 @@ def restore_or_initialise(
             learner.params = jax.device_put(learner.params, learner._shardings)
         log.info("initial params: version %d of %s (no warm start)", found[0], init_policy)
     elif warmstart.steps:
-        demos = environments.make_tasks(env, task_seed + 1, warmstart.tasks, "train")
+        demos = environments.make_tasks(env, task_seed + 1, warmstart.tasks, "train", env_config)
         fmt = chat_format_for(learner.tokenizer)  # demonstrations in the model's own format
         learner.params, losses = warm_start(
-            learner.graphdef, learner.params, env, demos, warmstart, fmt, learner.frozen
+            learner.graphdef, learner.params, env, demos, warmstart, fmt, learner.frozen, env_config
         )
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
     if learner.cfg.loss.kl_coef > 0:
@@ -232,7 +236,10 @@ def check_prompt_fits(cfg: LearnerJobConfig, turn_tokens: int = 32) -> None:
     layout whose episodes cannot hold it and one model turn is refused, with the numbers."""
     spec = policy_spec(cfg.model)
     fmt, env = chat_format_for(spec.tokenizer), environments.make(cfg.env, **cfg.env_config)
-    prompt = max(len(fmt.prompt_ids(t.prompt, env.tools())) for t in environments.make_tasks(cfg.env, 0, 8, "train"))
+    prompt = max(
+        len(fmt.prompt_ids(t.prompt, env.tools()))
+        for t in environments.make_tasks(cfg.env, 0, 8, "train", cfg.env_config)
+    )
     room = cfg.record_layout.trajectory_len
     if prompt + turn_tokens > room:
         raise ValueError(
@@ -268,7 +275,8 @@ def make_data_plane(cfg: LearnerJobConfig, tasks, publisher, start: Start, check
     batches = BatchBuffer(layout.shapes, cfg.learner.batch_records, staleness, on_dropped=consumer.settle)
     schedule = make_schedule(cfg, batches, credits, plan)
     group = cfg.credits.group_size
-    return DataPlane(layout, group, staleness, credits, consumer, batches, schedule, feeder, stats, tel)
+    watch = StarvationWatch(cfg.starvation)
+    return DataPlane(layout, group, staleness, credits, consumer, batches, schedule, feeder, stats, tel, watch)
 
 
 def _primary() -> bool:
@@ -282,4 +290,7 @@ def make_tracer(trace_dir: str | None):
 
 def make_telemetry(logdir: str | None, tracer, stats) -> LearnerTelemetry:
     writer = scalars.make_writer(logdir if _primary() else None, "learner")
-    return LearnerTelemetry(writer, tracer, stats.started)
+    status = Path(logdir) / "learner" / "status.json" if logdir and _primary() else None
+    if status is not None:
+        status.parent.mkdir(parents=True, exist_ok=True)
+    return LearnerTelemetry(writer, tracer, stats.started, status_path=status)

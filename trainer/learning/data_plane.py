@@ -11,6 +11,7 @@ trajectory went (`summary`, trainer/learning/accounting.py).
 
 from __future__ import annotations
 
+import logging
 import time
 
 from core.contracts.record_shape import RecordLayout
@@ -22,7 +23,9 @@ from trainer.learning.feeder import Feeder, TrajectoryCredits
 from trainer.learning.run_stats import RunStats
 from trainer.learning.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.staleness import StalenessControl
+from trainer.learning.starvation import StarvationWatch
 
+log = logging.getLogger("learner")
 POLL_MAX_MESSAGES, POLL_TIMEOUT_S = 100, 1.0
 
 
@@ -39,11 +42,12 @@ class DataPlane:
         feeder: Feeder | None,  # None off the primary process
         stats: RunStats,
         telemetry=None,  # LearnerTelemetry: poll spans
+        watch: StarvationWatch | None = None,  # says why no record comes, stops a run that cannot train
     ):
         self.layout, self.group_size = layout, group_size
         self.staleness, self.credits, self.consumer = staleness, credits, consumer
         self.batches, self.schedule, self.feeder = batches, schedule, feeder
-        self.stats, self.telemetry = stats, telemetry
+        self.stats, self.telemetry, self.watch = stats, telemetry, watch
 
     # ------------------------------------------------------------------ the loop's calls
     def start(self) -> None:
@@ -52,7 +56,9 @@ class DataPlane:
 
     @property
     def error(self) -> BaseException | None:
-        """Why the feeder thread died, if it did."""
+        """Why the feeder thread died, or why no step can ever happen, if so."""
+        if self.watch is not None and self.watch.stopped:
+            return RuntimeError(self.watch.stopped)
         return self.feeder.error if self.feeder else None
 
     def next_batch(self, version: int) -> list | None:
@@ -108,6 +114,12 @@ class DataPlane:
         self.credits.returned(self.consumer.take_dropped())  # drop notices return credits too
         if self.feeder:
             self.feeder.redo_timed_out()  # a request lost with a rollout worker is asked again
+        if self.watch is not None:
+            line = self.watch.check(len(received), self.accounting())
+            if line:
+                log.warning("%s", line)
+            if self.telemetry is not None:
+                self.telemetry.waiting(self.watch.waiting or self.watch.stopped)
 
     # ------------------------------------------------------------------ the end
     def accounting(self) -> Accounting:

@@ -31,6 +31,9 @@ BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_lo
 class LearnerConfig:
     batch_records: int = knob(4, "records per learner step; a step sees batch_records x rows sequences")
     learning_rate: float = knob(3e-4, "Adam's learning rate (0: the RL-off control, no policy update)")
+    # Adam's first steps move every weight by about the learning rate, whatever the
+    # gradient's size: from a few noisy groups that undoes a warm start (code, guess).
+    lr_warmup_steps: int = knob(0, "the learning rate rises linearly from 0 over this many RL steps")
     max_grad_norm: float = knob(1.0, "gradients are clipped to this global norm")
     # Off by default (Adam, as in PPO): with it, a batch whose advantages are all zero
     # would still move the weights.
@@ -41,6 +44,8 @@ class LearnerConfig:
     lora: LoraConfig = section(LoraConfig, "lora_", "LoRA adapters (rank 0: full fine-tuning)")
 
     def __post_init__(self):
+        if type(self.lr_warmup_steps) is not int or self.lr_warmup_steps < 0:
+            raise ValueError(f"lr_warmup_steps must be an int >= 0, got {self.lr_warmup_steps!r}")
         if self.batch_records < 1:
             raise ValueError(f"batch_records must be >= 1, got {self.batch_records}")
         # learning_rate 0 is the RL-off control: the same run, no policy update.
@@ -125,9 +130,11 @@ class Learner:
             self.graphdef, params, frozen = split_lora(add_lora(model, cfg.lora, cfg.seed))
         else:
             (self.graphdef, params), frozen = split_params(model), None
-        tx = optax.chain(
-            optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
-        )
+        lr = cfg.learning_rate
+        if cfg.lr_warmup_steps:
+            w = cfg.lr_warmup_steps  # step k (from 0) at lr * (k + 1) / (w + 1), then lr
+            lr = optax.linear_schedule(cfg.learning_rate / (w + 1), cfg.learning_rate, w)
+        tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(lr, weight_decay=cfg.weight_decay))
         step = functools.partial(_train_step, self.graphdef, tx, cfg.loss, span=span)
         self.ref_params = None  # set once by set_reference(); only read when kl_coef > 0
         self.skipped_nonfinite = 0

@@ -11,17 +11,31 @@ dead-lettered, dropped stale), `feeder/*` (trajectories in flight, requests publ
 from __future__ import annotations
 
 import collections
+import json
+import os
 import time
+from pathlib import Path
 
 
 class LearnerTelemetry:
-    def __init__(self, writer, tracer, started: float, recent_s: float = 30.0, clock=time.monotonic):
+    def __init__(self, writer, tracer, started: float, recent_s: float = 30.0, clock=time.monotonic, status_path=None):
         self.writer, self.tracer, self.started, self.recent_s, self.clock = writer, tracer, started, recent_s, clock
+        # What the learner is waiting for, when it starves (the live panel shows it): JSON.
+        self.status_path, self._waiting = Path(status_path) if status_path else None, None
         self._steps = collections.deque()  # (end time, step seconds, tokens) of recent steps
         self._idle_since: int | None = time.perf_counter_ns()  # wait-for-data span start
 
     def span(self, name: str, **args):
         return self.tracer.span(name, "learner", **args)
+
+    def waiting(self, text: str | None) -> None:
+        """Why no record comes (None: records come). Written only when it changes."""
+        if self.status_path is None or text == self._waiting:
+            return
+        self._waiting = text
+        tmp = self.status_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"wall_time": time.time(), "waiting": text}))
+        os.replace(tmp, self.status_path)  # the panel never reads half a file
 
     def polled(self, started_ns: int, records: int) -> None:
         """A poll span, when it brought records (an empty poll is part of waiting for data;

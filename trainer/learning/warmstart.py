@@ -88,15 +88,22 @@ class Transcript:
 
 
 async def oracle_transcript(
-    env_name: str, task: environments.Task, max_turns: int = 8, answer_after=None, fmt: ChatFormat | None = None
+    env_name: str,
+    task: environments.Task,
+    max_turns: int = 8,
+    answer_after=None,
+    fmt: ChatFormat | None = None,
+    env_config: dict | None = None,
 ) -> Transcript:
     """One oracle episode through the real environment, tokenised exactly as the rollout
     side tokenises an episode in the model's chat format `fmt` (default: the byte format):
     the prompt and observations as the episode loop appends them, each action as the model
     would write it (its tool-call syntax and end-of-turn token), the loss on the actions.
-    answer_after=k: after k tool observations, answer the task's target directly."""
+    answer_after=k: after k tool observations, answer the task's target directly.
+    env_config: the environment's settings (its turn limit, ranges); no tool latency here."""
     fmt = fmt or chat_format_for(BYTE_TOKENIZER)
-    env, oracle = environments.make(env_name), environments.oracle(env_name)
+    env = environments.make(env_name, **demo_env_config(env_config))
+    oracle = environments.oracle(env_name)
     tools = env.tools()
     out = Transcript(fmt.prompt_ids(await env.reset(task), tools), [])
     out.loss_mask = [0] * len(out.tokens)
@@ -120,6 +127,24 @@ async def oracle_transcript(
     return out
 
 
+async def oracle_transcripts(env_name: str, jobs, fmt, env_config, concurrency: int = 8) -> list[Transcript]:
+    """Oracle transcripts of (task, answer_after) jobs, in order, `concurrency` at a time:
+    an environment whose tool runs elsewhere (code's sandbox processes) overlaps them."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(task, after):
+        async with slots:
+            return await oracle_transcript(env_name, task, answer_after=after, fmt=fmt, env_config=env_config)
+
+    return await asyncio.gather(*(one(task, after) for task, after in jobs))
+
+
+def demo_env_config(env_config: dict | None) -> dict:
+    """The run's environment settings for demonstrations: the same tasks and limits, but
+    no simulated tool latency (a demonstration needs no waiting)."""
+    return {**(env_config or {}), "tool_latency": "none"}
+
+
 def oracle_rows(
     env_name: str,
     tasks,
@@ -128,20 +153,26 @@ def oracle_rows(
     seed: int = 0,
     direct_at: str = "first_turn",
     fmt: ChatFormat | None = None,
+    env_config: dict | None = None,
 ) -> dict:
     """One transcript per row: tokens, segment_ids, positions, loss_mask [len(tasks), L],
     L = the longest transcript rounded up to 16 (no row longer than needed), <= max_seq_len."""
+    run = functools.partial(oracle_transcripts, env_name, fmt=fmt, env_config=env_config)
+    full = None
+    if direct_frac > 0 and direct_at == "any_turn":  # how many calls each task takes
+        full = asyncio.run(run([(task, None) for task in tasks]))
     rng = np.random.default_rng(seed)
-    transcripts = []
-    for task in tasks:
-        answer_after = None
+    answer_after: list[int | None] = []
+    for i in range(len(tasks)):
+        after = None
         if direct_frac > 0 and rng.random() < direct_frac:
-            answer_after = 0
-            if direct_at == "any_turn":
-                calls = max(asyncio.run(oracle_transcript(env_name, task, fmt=fmt)).tool_calls, 1)
-                answer_after = int(rng.integers(0, calls))  # 0 .. calls - 1 tool calls, then answer
-        t = asyncio.run(oracle_transcript(env_name, task, answer_after=answer_after, fmt=fmt))
-        transcripts.append((t.tokens[:max_seq_len], t.loss_mask[:max_seq_len]))
+            after = 0
+            if full is not None:  # 0 .. calls - 1 tool calls, then answer
+                after = int(rng.integers(0, max(full[i].tool_calls, 1)))
+        answer_after.append(after)
+    transcripts = [
+        (t.tokens[:max_seq_len], t.loss_mask[:max_seq_len]) for t in asyncio.run(run(list(zip(tasks, answer_after))))
+    ]
     seq_len = min(max_seq_len, -(-max(len(t) for t, _ in transcripts) // 16) * 16)
     out = {k: np.zeros((len(tasks), seq_len), np.int32) for k in ("tokens", "segment_ids", "positions", "loss_mask")}
     for i, (toks, mask) in enumerate(transcripts):
@@ -165,12 +196,19 @@ def _sft_step(graphdef, tx, params, opt_state, frozen, batch):
 
 
 def warm_start(
-    graphdef, params, env_name: str, tasks, cfg: WarmStartConfig, fmt: ChatFormat | None = None, frozen=None
+    graphdef,
+    params,
+    env_name: str,
+    tasks,
+    cfg: WarmStartConfig,
+    fmt: ChatFormat | None = None,
+    frozen=None,
+    env_config: dict | None = None,
 ):
     """Returns (params, [loss per step]) after cfg.steps supervised steps on oracle rows in
     the chat format `fmt`. With LoRA, `params` are the adapter's and `frozen` the base's:
     only the adapter learns."""
-    data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at, fmt)
+    data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at, fmt, env_config)
     lr = cfg.learning_rate
     if cfg.schedule == "cosine":
         # A warm start shorter than its warmup warms up for all but its last step.

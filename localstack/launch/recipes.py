@@ -1,0 +1,64 @@
+"""Each environment's recipe: the main job's settings under which it learns on this machine.
+
+`agentic-rl demo --env code` starts from RECIPES["code"], a list of the demo's own flags;
+any flag on the command line overrides the recipe's. The calculator's recipe is the
+demo's defaults. Why each setting (measured: docs/RESULTS.md, "Every recipe"):
+
+- code: a turn is a whole function plus a test print, up to 77 byte tokens in the
+  oracle's demonstrations, so 32 tokens a turn cut every tool call short (98 % of v0's
+  episodes made malformed calls). 96 tokens a turn, two turns (test, then submit: the
+  oracle's path), and a short warm start, since every demonstration costs two sandbox
+  runs. The reward's partial credit (the share of hidden tests passed) is the
+  environment's own; held-out success counts only full passes. Sequence-mean aggregation
+  and 80 steps: the best of the runs measured, and still short of +0.20.
+- guess: the byte policy's episodes are capped at 256 tokens (its context), about five
+  guesses with their replies. Windows within 1..31 need at most five guesses of binary
+  search, so every game fits and the oracle wins each; 1..100 needs seven, and its
+  demonstrations were cut off mid-game (truncations 80 -> 167 of 256 under RL). Half of
+  the demonstrations answer at once (a blind guess), as the calculator's do: RL learns to
+  play instead; the play itself did not improve under RL in any run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# Episodes of 150-250 tokens fill a record with ~5 trajectories, so 4 records were 2-3
+# groups a step, and RL from that undid the warm start (docs/RESULTS.md): 8 records
+# (~45 trajectories, the calculator's count), a warmup of the learning rate, and the
+# fewest trajectories in flight the layout allows (fresher data: the learner binds here).
+RL_FOR_LONG_EPISODES = ("--batch_records=8", "--learner.lr_warmup_steps=10", "--learner.max_in_flight=136")
+
+RECIPES: dict[str, tuple[str, ...]] = {
+    "calculator": (),
+    "code": (
+        "--max_new_tokens_per_turn=96",
+        '--env_config={"max_turns": 2}',
+        "--warmstart_steps=400",
+        "--warmstart_tasks=1500",
+        "--warmstart_direct_frac=0.0",
+        *RL_FOR_LONG_EPISODES,
+        "--max_steps=80",
+        "--learner.aggregation=seq-mean-token-mean",
+    ),
+    "guess": (
+        '--env_config={"high": 31, "max_turns": 5}',
+        "--warmstart_steps=600",
+        "--warmstart_tasks=2000",
+        "--warmstart_direct_frac=0.5",
+        *RL_FOR_LONG_EPISODES,
+        "--max_steps=40",
+    ),
+}
+
+
+def env_of(argv: list[str]) -> str | None:
+    """The --env given in `argv`, if any (the rest is parsed later, with the recipe)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--env")
+    return parser.parse_known_args(argv)[0].env
+
+
+def recipe_argv(env: str) -> list[str]:
+    """The recipe's flags for `env`: none for an environment without one (a plugin's)."""
+    return list(RECIPES.get(env, ()))

@@ -1,0 +1,76 @@
+"""Each environment's recipe (localstack/launch/recipes.py): selected by --env, overridden
+by flags, handed to every process, and able to succeed at all: the oracle's episodes
+fit the recipe's turn and token limits and win every task under its settings."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import environments
+from core import config
+from core.policy.chat_format import chat_format_for
+from core.policy.tokenizer import BYTE_TOKENIZER
+from localstack.launch import demo
+from localstack.launch.demo_config import DemoConfig, parse_args
+from localstack.launch.recipes import RECIPES, env_of
+from trainer.learning.warmstart import oracle_transcript
+
+
+def test_env_selects_its_recipe_and_flags_override_it():
+    code = parse_args(["--env", "code"])
+    assert code.max_new_tokens_per_turn == 96 and code.env_config == {"max_turns": 3}
+    assert code.warmstart_steps == 400
+    mine = parse_args(["--env=code", "--warmstart_steps=7", "--max_new_tokens_per_turn", "80"])
+    assert (mine.warmstart_steps, mine.max_new_tokens_per_turn, mine.env_config) == (7, 80, {"max_turns": 3})
+    assert parse_args([]) == config.build(DemoConfig)  # the calculator's recipe is the defaults
+    assert parse_args(["--env", "guess"]).env_config == {"high": 31, "max_turns": 5}
+
+
+def test_an_environment_without_a_recipe_gets_the_defaults():
+    cfg = parse_args(["--env", "no-such-plugin"])
+    assert cfg.env == "no-such-plugin" and cfg.warmstart_steps == DemoConfig.warmstart_steps
+    assert env_of(["--max_steps", "3"]) is None and env_of(["--env", "guess", "--x"]) == "guess"
+
+
+@pytest.mark.parametrize("env", sorted(RECIPES))
+def test_every_process_gets_the_recipes_settings(env, tmp_path):
+    cfg = parse_args(["--env", env])
+    topics = subs = {"requests": "t/r", "records": "t/p", "dead": "t/d"}
+    learner = demo.learner_config(cfg, tmp_path, topics, subs, tmp_path / "store", None)
+    assert learner.env == env and learner.env_config == {**cfg.env_config, "tool_latency": cfg.tool_latency}
+    assert learner.warmstart.steps == cfg.warmstart_steps
+    rollout = demo.rollout_config(cfg, tmp_path, topics, subs, tmp_path / "store", None)
+    assert rollout.engine.max_new_tokens_per_turn == cfg.max_new_tokens_per_turn
+    evaluator = demo.evaluator_config(cfg, tmp_path, tmp_path / "store")
+    assert evaluator.env_config == cfg.env_config  # the held-out tasks of the recipe, no latency
+    assert evaluator.max_new_tokens_per_turn == cfg.max_new_tokens_per_turn
+
+
+def _longest_action(mask: list[int]) -> int:
+    run = best = 0
+    for m in mask:
+        run = run + 1 if m else 0
+        best = max(best, run)
+    return best
+
+
+@pytest.mark.parametrize("env", sorted(RECIPES))
+def test_the_oracle_wins_every_task_within_the_recipes_limits(env):
+    """What made code and guess unlearnable: code's tool calls were longer than a turn
+    (so every one was cut into a malformed call) and guess's games longer than an episode."""
+    cfg = parse_args(["--env", env])
+    settings = {**cfg.env_config, "tool_latency": "none"}
+    room = cfg.layout.layout.trajectory_len
+    fmt = chat_format_for(BYTE_TOKENIZER)
+    for task in environments.make_tasks(env, 3, 24, "test", settings):
+        t = asyncio.run(oracle_transcript(env, task, fmt=fmt, env_config=cfg.env_config))
+        assert _longest_action(t.loss_mask) <= cfg.max_new_tokens_per_turn, (env, task.prompt)
+        assert len(t.tokens) <= room, (env, task.prompt, len(t.tokens))
+        assert t.reward == 1.0, (env, task.prompt)
+
+
+def test_the_recipes_are_documented():
+    results = (Path(__file__).parents[1] / "docs" / "RESULTS.md").read_text()
+    for env in RECIPES:
+        assert f"--env {env}" in results or env == "calculator", env
