@@ -52,13 +52,18 @@ def expire(seen: dict[str, float], now: float, window_s: float) -> dict[str, flo
     return {k: t for k, t in seen.items() if t >= horizon}
 
 
+DUPLICATES = "duplicates"  # tagged output of DedupBy(report_duplicates=True): dropped ids
+
+
 class DedupFn(beam.DoFn):
-    """(shard, (key, trajectory)) -> trajectory, the first per key within window_s."""
+    """(shard, (key, trajectory)) -> trajectory, the first per key within window_s; with
+    report_duplicates, each dropped trajectory's id on the DUPLICATES output."""
 
     SEEN = ReadModifyWriteStateSpec("seen", SeenKeysCoder())
 
-    def __init__(self, name: str, window_s: float, clock: Clock = time.time):
+    def __init__(self, name: str, window_s: float, clock: Clock = time.time, report_duplicates: bool = False):
         self.name, self.window_s, self.clock = name, window_s, clock
+        self.report_duplicates = report_duplicates
         self.count_in = Metrics.counter(NS, f"{name}_in")
         self.count_out = Metrics.counter(NS, f"{name}_out")
         self.dropped = Metrics.counter(NS, f"{name}_dropped")
@@ -81,6 +86,8 @@ class DedupFn(beam.DoFn):
         if duplicate:
             self.dropped.inc()
             telemetry().count(f"trajectories_{self.name}_dropped")
+            if self.report_duplicates:
+                yield beam.pvalue.TaggedOutput(DUPLICATES, t.trajectory_id)
             return
         self.count_out.inc()
         yield t
@@ -98,10 +105,11 @@ class DedupBy(beam.PTransform):
         window_s: float,
         num_shards: int = 16,
         clock: Clock = time.time,
+        report_duplicates: bool = False,
     ):
         super().__init__()
         self.name, self.key_fn, self.window_s = name, key_fn, window_s
-        self.num_shards, self.clock = num_shards, clock
+        self.num_shards, self.clock, self.report_duplicates = num_shards, clock, report_duplicates
 
     def expand(self, trajectories):
         key_fn, shards = self.key_fn, self.num_shards
@@ -110,8 +118,8 @@ class DedupBy(beam.PTransform):
             key = key_fn(t)
             return zlib.crc32(key.encode()) % shards, (key, t)
 
-        return (
-            trajectories
-            | "KeyByShard" >> beam.Map(keyed).with_output_types(tuple[int, Any])
-            | "Deduplicate" >> beam.ParDo(DedupFn(self.name, self.window_s, self.clock))
-        )
+        keyed_trajectories = trajectories | "KeyByShard" >> beam.Map(keyed).with_output_types(tuple[int, Any])
+        dedup = beam.ParDo(DedupFn(self.name, self.window_s, self.clock, self.report_duplicates))
+        if self.report_duplicates:  # {"kept": trajectories, DUPLICATES: their dropped copies' ids}
+            return keyed_trajectories | "Deduplicate" >> dedup.with_outputs(DUPLICATES, main="kept")
+        return keyed_trajectories | "Deduplicate" >> dedup

@@ -33,7 +33,7 @@ from core.contracts.records import PackedRecord
 from core.contracts.trajectory import Trajectory
 from core.telemetry import trace
 from pipelines import bucketing
-from pipelines.dedup import DedupBy
+from pipelines.dedup import DUPLICATES, DedupBy
 from pipelines.metrics import NAMESPACE
 from pipelines.packing import pack, take_full_records
 from pipelines.packing_config import PackingConfig
@@ -269,7 +269,8 @@ class PackTrajectoryGroups(beam.PTransform):
     one that matches TestStream's processing time. keep_flush_info=True outputs
     FlushedRecord instead (for tests and diagnostics). drop_notices=True returns
     {"records": ..., "dropped": PCollection[DropNotice]} (zero-signal groups, overlong and
-    empty trajectories; duplicates by id need none: their first copy is packed)."""
+    empty trajectories, content duplicates; duplicates by id need none: their first copy
+    is packed)."""
 
     def __init__(
         self, config: PackingConfig, clock: Clock = time.time, keep_flush_info: bool = False, drop_notices: bool = False
@@ -291,9 +292,15 @@ class PackTrajectoryGroups(beam.PTransform):
             | "FlattenGroups" >> beam.FlatMap(lambda g: g)
             | "DedupById" >> DedupBy("dedup", lambda t: t.trajectory_id, cfg.dedup_window_s, clock=clock)
         )
+        notices = [kept[DROPPED]]
         if cfg.content_dedup:
-            trajs = trajs | "DedupByContent" >> DedupBy(
-                "content_dedup", bucketing.content_hash, cfg.dedup_window_s, clock=clock
+            content = trajs | "DedupByContent" >> DedupBy(
+                "content_dedup", bucketing.content_hash, cfg.dedup_window_s, clock=clock, report_duplicates=True
+            )
+            trajs = content.kept
+            # A content duplicate has its own id, whose credit the learner holds: it is told.
+            notices.append(
+                content[DUPLICATES] | "ContentDuplicateNotices" >> beam.Map(lambda i: DropNotice("content_dedup", (i,)))
             )
         num_shards = cfg.num_shards
         fitted = trajs | "FitToBuckets" >> beam.ParDo(FitToBucketsFn(cfg.buckets, cfg.overlong)).with_outputs(
@@ -316,5 +323,5 @@ class PackTrajectoryGroups(beam.PTransform):
         )
         if not self.drop_notices:
             return records
-        dropped = (kept[DROPPED], fitted[DROPPED]) | "AllDropNotices" >> beam.Flatten()
+        dropped = (*notices, fitted[DROPPED]) | "AllDropNotices" >> beam.Flatten()
         return {"records": records, DROPPED: dropped}

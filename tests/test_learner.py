@@ -95,3 +95,18 @@ def test_non_finite_update_is_skipped_and_counted():
     assert out["losses/skipped_nonfinite"] == 1 and learner.skipped_nonfinite == 1
     after = jax.tree.leaves(learner.params)
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(before, after))
+
+
+def test_learning_rate_warmup_makes_the_first_steps_small():
+    """Adam's first step moves every weight by about the learning rate: with a warmup of
+    w steps, step k (from 0) moves them by (k + 1) / (w + 1) of that."""
+
+    def first_step_move(warmup: int) -> float:
+        learner = Learner(ModelConfig(max_seq_len=64), LearnerConfig(batch_records=1, lr_warmup_steps=warmup))
+        before = [np.asarray(x) for x in jax.tree.leaves(learner.params)]
+        learner.train_step([random_record(0)])
+        after = [np.asarray(x) for x in jax.tree.leaves(learner.params)]
+        return max(float(np.abs(a - b).max()) for a, b in zip(after, before))
+
+    plain, warm = first_step_move(0), first_step_move(9)
+    assert plain > 0 and warm == pytest.approx(plain / 10, rel=0.05)

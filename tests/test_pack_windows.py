@@ -245,6 +245,22 @@ def test_duplicates_are_dropped_and_counted(content_dedup):
         assert counters["content_dedup_in"] == 3 and counters["content_dedup_out"] == 2
 
 
+def test_content_duplicates_send_drop_notices_that_return_their_credits():
+    """A content duplicate has an id of its own, whose credit the learner holds: the packer
+    says it dropped it (a copy by id needs no notice: its first copy is packed)."""
+    cfg = PackingConfig(**{**vars(CFG), "content_dedup": True})
+    g = group("d", [9, 7])
+    copy = Trajectory(**{**vars(g[0]), "trajectory_id": "copy/0"})
+    run_id = "notices"
+    p = beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"]))
+    stream = BeamTestStream().add_elements([g, g]).add_elements([[g[1], copy]]).advance_watermark_to_infinity()
+    out = p | stream | PackTrajectoryGroups(cfg, clock=zero_clock, drop_notices=True)
+    _ = out["dropped"] | beam.Map(_collect, run_id)
+    p.run().wait_until_finish()
+    notices = _OUT.pop(run_id, [])
+    assert [(n.reason, n.trajectory_ids) for n in notices] == [("content_dedup", ("copy/0",))]
+
+
 @pytest.mark.parametrize("overlong", ["truncate", "drop"])
 def test_overlong_trajectories(overlong):
     cfg = PackingConfig(**{**vars(CFG), "overlong": overlong})

@@ -114,3 +114,24 @@ def test_the_demos_timeout_message_says_what_it_waited_for(tmp_path):
     assert waited_for(tmp_path, 40) == "it had trained 3 of 40 steps"
     (logs / "status.json").write_text(json.dumps({"waiting": "no record for 61 s: ..."}))
     assert waited_for(tmp_path, 40).endswith("the learner was waiting for records: no record for 61 s: ...")
+
+
+def test_the_live_panel_shows_why_the_learner_waits_and_how_many_groups_had_no_signal(tmp_path):
+    import json
+
+    from localstack.reports.live import RunState
+
+    rollout = tmp_path / "logs" / "rollout-0"
+    rollout.mkdir(parents=True)
+    row = {"rollout/groups": 40, "rollout/groups_zero_signal": 40, "rollout/records": 0}
+    (rollout / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "logs" / "learner").mkdir()
+    (tmp_path / "logs" / "learner" / "status.json").write_text(json.dumps({"waiting": "no record for 61 s: ..."}))
+    state = RunState(tmp_path, 10)
+    state.refresh()
+    fields = dict(state.fields())
+    assert fields["learner waiting"] == "no record for 61 s: ..."
+    assert fields["groups"] == "40 ended   40 with equal rewards (no signal)"
+    (tmp_path / "logs" / "learner" / "status.json").write_text(json.dumps({"waiting": None}))  # records came
+    state.refresh()
+    assert "learner waiting" not in dict(state.fields())

@@ -30,8 +30,9 @@ DROP_COUNTERS = {
     "zero_signal": "trajectories_dropped_zero_signal",
     "dropped_overlong": "trajectories_dropped_overlong",
     "dropped_empty": "trajectories_dropped_empty",
+    "content_dedup": "trajectories_content_dedup_dropped",  # other ids, same content: a notice each
 }
-DEDUP_COUNTERS = ("trajectories_dedup_dropped", "trajectories_content_dedup_dropped")
+DEDUP_COUNTERS = ("trajectories_dedup_dropped",)  # a request run twice: its first copy is packed
 STATUSES = ("finished", "truncated", "timeout", "env_error")  # environments.EpisodeStatus values
 
 

@@ -119,7 +119,7 @@ class DataPlane:
             if line:
                 log.warning("%s", line)
             if self.telemetry is not None:
-                self.telemetry.waiting(self.watch.waiting or self.watch.stopped)
+                self.telemetry.waiting(self.watch.stopped or self.watch.waiting)
 
     # ------------------------------------------------------------------ the end
     def accounting(self) -> Accounting:
