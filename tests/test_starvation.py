@@ -135,3 +135,17 @@ def test_the_live_panel_shows_why_the_learner_waits_and_how_many_groups_had_no_s
     (tmp_path / "logs" / "learner" / "status.json").write_text(json.dumps({"waiting": None}))  # records came
     state.refresh()
     assert "learner waiting" not in dict(state.fields())
+
+
+def test_a_learner_training_on_buffered_records_is_not_starving():
+    clock = Clock()
+    watch = StarvationWatch(StarvationConfig(warn_s=60, stop_s=240, min_dropped=32), clock)
+    clock.t = 10
+    watch.check(0, acc(requested=256, zero_signal=100))
+    clock.t = 230
+    watch.progressed()  # a long step on records that came earlier
+    clock.t = 280
+    assert watch.check(0, acc(requested=256, zero_signal=100)) is None  # 50 s since the step
+    clock.t = 480
+    watch.check(0, acc(requested=256, zero_signal=120))  # 250 s since the step, but 20 new drops
+    assert watch.stopped is None and watch.waiting is not None

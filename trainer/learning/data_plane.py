@@ -75,6 +75,8 @@ class DataPlane:
         decided, and a checkpoint from now on covers them."""
         self.consumer.settle(batch)
         self.stats.on_step(batch, metrics, step_s, flops)
+        if self.watch is not None:
+            self.watch.progressed()
 
     def publish_due(self, steps: int) -> bool:
         return self.schedule.publish_due(steps)

@@ -72,10 +72,19 @@ class StarvationWatch:
         self.dropped_at_last_record = 0
         self.stopped: str | None = None
         self.waiting: str | None = None  # the newest line, cleared by a record
+        self._rebase = False  # count drops from the next check on (after a train step)
+
+    def progressed(self) -> None:
+        """A batch was trained: a learner busy on buffered records is not starving, however
+        long its steps take, and the drops before it cannot stop the run."""
+        self.last_record = self.last_warn = self.clock()
+        self.waiting, self._rebase = None, True
 
     def check(self, records: int, acc: Accounting) -> str | None:
         now = self.clock()
         dropped = sum(acc.dropped_by_pipeline.values())
+        if self._rebase:
+            self.dropped_at_last_record, self._rebase = dropped, False
         if records:
             self.last_record = self.last_warn = now
             self.dropped_at_last_record, self.waiting = dropped, None
