@@ -23,6 +23,9 @@ setup(
         "importlib_resources>=6",
         "google-cloud-pubsub>=2.44,<3",
         "numpy>=1.26",
+        # Beam's Dataflow staging builds the --setup_file sdist with `python -m build` (else the
+        # deprecated `setup.py sdist`, after an error line).
+        "build>=1.2",
         "gcsfs>=2024.6",  # Orbax reaches gs:// policy stores and checkpoints through it
         "tensorboardX>=2.6",  # event files without TensorFlow (learner, rollouts, evaluator)
         "rich>=13",  # the demo's live panel

@@ -29,9 +29,10 @@ BACKLOG_MAX_GROWTH_REL = 0.25
 ERROR_COUNTERS = ("dropped_stale", "duplicates", "dead_letters", "bad_requests", "pubsub_errors")
 MIN_POINTS = 4  # fewer points in the second half: no slope worth a verdict
 
-FAMILIES = ("rss_mb", "threads", "fds", "cpu_pct", "procs", "backlog", "dedup", "counter")
+FAMILIES = ("rss_mb", "jvm", "threads", "fds", "cpu_pct", "procs", "backlog", "dedup", "counter")
 TITLES = {
     "rss_mb": "RSS per role (MB)",
+    "jvm": "emulator JVM after a forced full GC (MB)",
     "threads": "threads per role",
     "fds": "open files (fds) per role",
     "cpu_pct": "CPU % per role (100 = one core)",
@@ -106,7 +107,7 @@ def verdict(key: str, st: dict) -> str:
     if st["growth_half"] is None:
         return "n/a (too few points)"
     g, base = st["growth_half"], st.get("base") or 0.0
-    if family == "rss_mb":
+    if family == "rss_mb" or family == "jvm":
         rel = g / base if base > 0 else math.inf if g > 0 else 0.0
         return "flat" if rel < RSS_MAX_REL_GROWTH and st["slope_per_min"] * 10 < RSS_MAX_MB_PER_10MIN else "grows"
     if family in ("threads", "fds", "procs"):

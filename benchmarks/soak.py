@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import _jvm_probe as jvm
 import _soak_report as report
 import psutil
 
@@ -54,6 +55,7 @@ def _interrupt(signum, _frame):
 class SoakConfig:
     minutes: float = knob(20.0, "wall-clock duration of the run")
     every_s: float = knob(5.0, "seconds between samples")
+    jvm_gc_every_s: float = knob(300.0, "seconds between the emulator JVM's forced GC + heap reading (0: never)")
     out: str | None = knob(None, "samples, report and plot (unset: runs/soak-TIMESTAMP)")
     workdir: str | None = knob(None, "the demo's --workdir (unset: OUT/workdir)")
     report_only: str | None = knob(None, "rebuild report and plot from this OUT's samples")
@@ -292,10 +294,13 @@ def run(args) -> int:
             )
         print(f"soak: demo pid {demo.pid}, {args.minutes} min, log {out / 'demo.log'}", flush=True)
         tree, tel = TreeSampler(demo.pid), TelemetrySampler(workdir, demo_cfg.group_size)
-        started = time.monotonic()
+        started, next_gc_t = time.monotonic(), 60.0  # the first heap reading after start-up
         with open(out / "soak_samples.jsonl", "w", buffering=1) as f:
             while (t := time.monotonic() - started) < duration_s and demo.poll() is None:
                 row = {"t": round(t, 2), "wall_time": round(time.time(), 3), **tree.sample(), **tel.sample()}
+                if args.jvm_gc_every_s and t >= next_gc_t and (pid := jvm.java_pid(tree.seen)):
+                    row.update(jvm.heap_after_gc(pid))
+                    next_gc_t = t + args.jvm_gc_every_s
                 samples.append(row)
                 f.write(json.dumps(row, separators=(",", ":")) + "\n")
                 if len(samples) % max(int(60 / args.every_s), 1) == 0:

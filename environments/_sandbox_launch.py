@@ -64,7 +64,9 @@ def limited(
         resource.RLIMIT_AS: (limits.memory_bytes,) * 2,
         resource.RLIMIT_NPROC: (nproc,) * 2,
         resource.RLIMIT_FSIZE: (limits.max_file_bytes,) * 2,
+        resource.RLIMIT_NOFILE: (limits.max_open_files,) * 2,
         resource.RLIMIT_CORE: (0, 0),
+        resource.RLIMIT_RTPRIO: (0, 0),
     }
     if prlimit and (uid is None or setpriv):
         pre = [
@@ -73,7 +75,9 @@ def limited(
             f"--as={limits.memory_bytes}",
             f"--nproc={nproc}",
             f"--fsize={limits.max_file_bytes}",
+            f"--nofile={limits.max_open_files}",
             "--core=0",
+            "--rtprio=0",
             "--",
         ]
         if uid is not None:

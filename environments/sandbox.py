@@ -8,11 +8,13 @@ Model-written code is hostile, so every run gets, in layers:
   - a fresh unprivileged HOST uid per run when we are root: the kernel exempts root
     (INIT_USER) from RLIMIT_NPROC even inside a user namespace, and that limit is what
     stops a fork bomb. One uid per run, so concurrent sandboxes do not share a budget.
-  - rlimits (CPU, address space, processes, file size, no core) set by `prlimit` before
-    `setpriv` drops the uid; no preexec_fn, so the spawn stays a cheap vfork even from a
-    big, multi-threaded rollout worker (a preexec_fn only where util-linux is missing).
-    Memory is bounded per process: the worst case is max_processes x memory_bytes (a
-    cgroup would cap the sum; none is assumed writable on a worker).
+  - rlimits (CPU, address space, processes, file size, open files, no core, no realtime
+    priority) set by `prlimit` before `setpriv` drops the uid; no preexec_fn, so the spawn
+    stays a cheap vfork even from a big, multi-threaded rollout worker (a preexec_fn only
+    where util-linux is missing). Memory is bounded per process: the worst case is
+    max_processes x (memory_bytes + max_open_files x max_file_bytes), since a memfd is a
+    file whose pages are outside the address space (a cgroup would cap the sum; none is
+    assumed writable on a worker).
   - a wall-clock deadline and bounded reads of stdout/stderr; past either, the sandbox is
     SIGKILLed: its pid 1 goes, and with it every process in the namespace.
 Without bwrap (or where it cannot start) a run falls back to rlimits + uid + timeout,
@@ -67,11 +69,21 @@ class SandboxLimits:
     memory_bytes: int = 512 * MiB  # RLIMIT_AS per process
     max_processes: int = 16  # processes+threads the program may have, itself included
     max_file_bytes: int = 1 * MiB  # RLIMIT_FSIZE: largest file it may write
+    # RLIMIT_NOFILE. Also a memory bound: each memfd or socket holds RAM outside RLIMIT_AS.
+    max_open_files: int = 128
     max_output_bytes: int = 64 * KiB  # kept from stdout, and again from stderr
     tmp_bytes: int = 16 * MiB  # size of the private /tmp (tmpfs pages are RAM)
 
     def __post_init__(self) -> None:
-        for name in ("cpu_seconds", "memory_bytes", "max_processes", "max_file_bytes", "max_output_bytes", "tmp_bytes"):
+        for name in (
+            "cpu_seconds",
+            "memory_bytes",
+            "max_processes",
+            "max_file_bytes",
+            "max_open_files",
+            "max_output_bytes",
+            "tmp_bytes",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"SandboxLimits.{name} must be an int >= 1, got {v!r}")
@@ -80,6 +92,8 @@ class SandboxLimits:
             raise ValueError(f"SandboxLimits.wall_seconds must be a finite number > 0, got {w!r}")
         if self.memory_bytes < 64 * MiB:  # the interpreter alone maps ~20 MiB
             raise ValueError(f"SandboxLimits.memory_bytes must be >= 64 MiB, got {self.memory_bytes}")
+        if self.max_open_files < 16:  # bwrap and the interpreter need a few to start
+            raise ValueError(f"SandboxLimits.max_open_files must be >= 16, got {self.max_open_files}")
 
 
 @dataclasses.dataclass

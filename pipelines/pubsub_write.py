@@ -76,8 +76,12 @@ class _PublishFn(beam.DoFn):
             for size, future in pending:
                 try:
                     future.result(timeout=PUBLISH_TIMEOUT_S)
-                except Exception:
+                except Exception as e:
                     self.failed.inc()
+                    from core.contracts import pubsub_io
+
+                    if (fatal := pubsub_io.permanent_error(e, f"topic {self.topic}")) is not None:
+                        raise fatal from None  # names the topic; the runner's retries cannot fix it
                     raise
                 self.published.inc()
                 self.published_bytes.inc(size)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from tests._refusals import CHOICE, DEMO, EVALUATOR, VERTEX, Row, checks, row
 
 E = EVALUATOR
+_SA = "learner@my-project.iam.gserviceaccount.com"
 
 TABLE: list[Row] = [
     # ---- the evaluator: python -m rollout.evaluator -------------------------------
@@ -61,6 +62,16 @@ TABLE: list[Row] = [
         "replica_count", "replica_count must be an int >= 1"),
     row(VERTEX, "--service_account", "--service_account=learner", "not an email",
         "no identity to run the job as", "service_account", "service_account 'learner' is not an email"),
+    row(VERTEX, "--tensorboard", "--tensorboard=projects/my-project/locations/us-central1/tensorboards/1",
+        "given without --service_account", "Vertex AI uploads the logs only as the job's own service account",
+        "tensorboard", "tensorboard needs service_account"),
+    row(VERTEX, "--tensorboard", (f"--service_account={_SA}", "--tensorboard=tb-1"),
+        "not projects/P/locations/L/tensorboards/ID", "no TensorBoard instance to attach", "tensorboard",
+        "tensorboard 'tb-1' is not projects/PROJECT/locations/REGION/tensorboards/ID"),
+    row(VERTEX, "--tensorboard",
+        (f"--service_account={_SA}", "--tensorboard=projects/my-project/locations/europe-west4/tensorboards/1"),
+        "in another region than --region", "Vertex AI wants the TensorBoard in the job's region", "tensorboard",
+        "tensorboard 'projects/my-project/locations/europe-west4/tensorboards/1' is in europe-west4, the job in"),
     row(VERTEX, "--env", "--env=DEBUG", "not NAME=VALUE", "a variable with no value", "--env",
         "--env wants NAME=VALUE"),
     row(VERTEX, "--env", "--env=AIP_MODEL_DIR=gs://b/m", "an invalid or Vertex-reserved name",

@@ -2,17 +2,20 @@
 
 What the dry run does here (apache-beam 2.77, DataflowRunner.run_pipeline): it applies
 the Dataflow overrides, translates the graph to the portable pipeline proto, builds the
-setup_file's sdist locally (python -m build, else `setup.py sdist`) and records it as a
+setup_file's sdist locally (`python -m build`, a dependency) and records it as a
 staged artifact, adds the streaming experiments, builds the Job request object, and returns
 before creating an API client: nothing is uploaded to GCS, no credentials are read, no
 network is used. The Job's `environment` (sdkPipelineOptions, temp storage) is normally
-filled in while staging; we build that part with apiclient.Environment, also offline.
+filled in while staging; pipelines/dry_run.py builds that part with apiclient.Environment,
+also offline, and `agentic-rl rollout ... --dry_run=True` prints a summary of the job.
 """
 
 import json
-import shutil
+import os
+import subprocess
+import sys
 import tarfile
-import tempfile
+import time
 from pathlib import Path
 
 import apache_beam as beam
@@ -22,17 +25,19 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2 as rapi
 from apache_beam.runners.dataflow.internal import apiclient
 
-from pipelines import rollout
+from pipelines import dry_run, rollout
+from pipelines.dry_run import remove_local_staging, staged_artifacts
 from pipelines.options import rollout_config
 from pipelines.pubsub_write import WriteRecordsToPubSub
 
-# The dry run builds the sdist with `setup.py sdist` in another process.
+# The dry run builds the sdist with `python -m build` in another process.
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "rl-project-123"  # Beam wants an id of the real form
 REQUESTS = f"projects/{PROJECT}/subscriptions/rollout-requests"
 RECORDS = f"projects/{PROJECT}/topics/packed-trajectories"
+ROLLOUT_SA = f"rollout@{PROJECT}.iam.gserviceaccount.com"
 ARGV = [
     "--runner=DataflowRunner",
     "--dry_run=True",
@@ -48,6 +53,7 @@ ARGV = [
     "--window_s=30",
     "--content_dedup",
     "--engine_slots=16",
+    f"--service_account_email={ROLLOUT_SA}",
 ]
 
 
@@ -59,23 +65,6 @@ def job():
     result = p.run()  # returns at once: a dry run submits nothing
     yield result.job
     remove_local_staging(result.job)
-
-
-def remove_local_staging(job) -> None:
-    """The sdist and the other artifacts sit in a temp dir the dry run leaves behind."""
-    for path in {Path(a).parent for a in staged_artifacts(job).values()}:
-        if path.is_relative_to(tempfile.gettempdir()) and path != Path(tempfile.gettempdir()):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def staged_artifacts(job) -> dict[str, str]:
-    """staged name -> local file, for every artifact the workers would receive."""
-    staged = {}
-    for environment in job.proto_pipeline.components.environments.values():
-        for dep in environment.dependencies:
-            name = rapi.ArtifactStagingToRolePayload.FromString(dep.role_payload).staged_name
-            staged[name] = rapi.ArtifactFilePayload.FromString(dep.type_payload).path
-    return staged
 
 
 def transforms_with(job, urn: str):
@@ -178,3 +167,71 @@ def test_the_packer_translates_for_dataflow():
     key_coder = comps.coders[comps.coders[pcoll.coder_id].component_coder_ids[0]]
     assert key_coder.spec.urn == common_urns.coders.KV.urn
     assert [comps.coders[c].spec.urn for c in key_coder.component_coder_ids] == [common_urns.coders.VARINT.urn] * 2
+
+
+def test_the_job_runs_as_its_own_service_account(job):
+    """--service_account_email reaches the Job's environment (serviceAccountEmail), as the
+    service receives it, and the options the workers re-create."""
+    env = dry_run.fill_environment(job)
+    assert env.service_account_email == ROLLOUT_SA == job.proto.environment.service_account_email
+    assert dict(env.sdk_pipeline_options["options"])["service_account_email"] == ROLLOUT_SA
+
+
+def test_the_vertex_spelling_is_forwarded_and_a_conflict_refused():
+    fwd = rollout.forward_service_account
+    assert fwd(["--service_account", "a@p.iam", "--x=1"]) == ["--service_account_email=a@p.iam", "--x=1"]
+    assert fwd(["--service_account=a@p.iam"]) == fwd(["--service_account_email=a@p.iam"])
+    with pytest.raises(SystemExit, match="disagree"):
+        fwd(["--service_account=a@p.iam", "--service_account_email=b@p.iam"])
+
+
+# The real CLI, with every TCP/UDP connection and DNS lookup refused (an audit hook).
+_NO_NETWORK = """
+import runpy, socket, sys
+def refuse(event, args):
+    if event == "socket.getaddrinfo" or (event == "socket.connect" and args[0].family != socket.AF_UNIX):
+        raise RuntimeError(f"network access during dry run: {event} {args[1:]}")
+sys.addaudithook(refuse)
+sys.argv = ["pipelines.rollout"] + sys.argv[1:]
+runpy.run_module("pipelines.rollout", run_name="__main__")
+"""
+
+
+def test_the_cli_dry_run_prints_what_it_built_and_leaves_no_staging():
+    argv = [a for a in ARGV if not a.startswith("--service_account_email")] + [
+        "--service_account",  # the Vertex launcher's spelling
+        ROLLOUT_SA,
+        "--dead_letter_topic=projects/rl-project-123/topics/dead-letters",
+        "--machine_type=n2-standard-16",
+        "--number_of_worker_harness_threads=4",
+        "--autoscaling_algorithm=THROUGHPUT_BASED",
+        "--max_num_workers=20",
+        "--dataflow_service_options=worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver",
+    ]
+    env = {**os.environ, "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "", "JAX_PLATFORMS": "cpu"}
+    env["GOOGLE_APPLICATION_CREDENTIALS"] = "/nonexistent.json"
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", _NO_NETWORK, *argv], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert time.monotonic() - start < 120
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("Dataflow job beamapp-") and "nothing uploaded or submitted" in lines[0]
+    expected = [
+        "  type: streaming (JOB_TYPE_STREAMING)",
+        "  steps: ReadRequests, ParseRequests, RunEpisodes, Pack, RecordMessages, DropNoticeMessages, "
+        "AllMessages, WriteRecords, AllDeadLetters, WriteDeadLetters",
+        "  workers: machine type n2-standard-16, accelerator type:nvidia-l4;count:1;install-nvidia-driver, "
+        "harness threads 4",
+        "  autoscaling: THROUGHPUT_BASED, initial workers default, max workers 20",
+        f"  service account: {ROLLOUT_SA}",
+    ]
+    for line in expected:
+        assert line in lines, (line, out.stdout)
+    (package,) = [ln for ln in lines if ln.startswith("  staged package: ")]
+    assert package.startswith("  staged package: beam_agentic_rl-0.1.0.tar.gz as workflow.tar.gz (")
+    assert package.endswith(" KiB)") and int(package.split("(")[1].split()[0]) > 100
+    # The local sdist the summary measured is removed: a dry run leaves nothing behind.
+    assert "network access" not in out.stderr
+    staged_dirs = [ln.split("--outdir', '")[1].split("'")[0] for ln in out.stderr.splitlines() if "--outdir" in ln]
+    assert staged_dirs and not any(Path(d).exists() for d in staged_dirs)

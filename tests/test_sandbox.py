@@ -284,11 +284,12 @@ def test_rlimits_hold_without_prlimit_too(monkeypatch, bwrap):
     # Without util-linux the limits are set by a preexec_fn (and the uid by Popen).
     monkeypatch.setattr(S, "PRLIMIT_PATH", None)
     r = run_python(
-        "import resource as r\nprint(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_CORE))\n" + FORK_COUNT,
+        "import resource as r\nprint(r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_CORE),"
+        " r.getrlimit(r.RLIMIT_NOFILE))\n" + FORK_COUNT,
         bwrap=bwrap,
     )
     first, second = r.stdout.splitlines()
-    assert r.status == "ok" and first == f"{512 * 2**20} (0, 0)"
+    assert r.status == "ok" and first == f"{512 * 2**20} (0, 0) (128, 128)"
     ok, fail = map(int, second.split())
     if os.geteuid() == 0:
         assert ok == SandboxLimits().max_processes - 1 and fail > 0
@@ -316,6 +317,8 @@ def test_limits_and_inputs_are_validated():
         dict(memory_bytes=2**20),
         dict(max_processes=True),
         dict(max_output_bytes=-1),
+        dict(max_open_files=0),
+        dict(max_open_files=8),
     ]:
         with pytest.raises(ValueError):
             SandboxLimits(**bad)

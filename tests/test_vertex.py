@@ -18,6 +18,8 @@ from trainer.cloud import distributed, vertex
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGE = "us-docker.pkg.dev/my-proj/rl/learner:v1"
+SA = "learner@my-proj.iam.gserviceaccount.com"
+TENSORBOARD = "projects/my-proj/locations/europe-west4/tensorboards/4242"
 LEARNER_ARGS = (
     "--requests_topic",
     "projects/my-proj/topics/rollout-requests",
@@ -96,11 +98,29 @@ def test_sdk_job_builds_offline_with_anonymous_credentials():
         (dict(env={"CLUSTER_SPEC": "{}"}), "reserved"),
         (dict(env={"AIP_MODEL_DIR": "gs://x"}), "reserved"),
         (dict(service_account="not-an-email"), "service_account"),
+        (dict(tensorboard=TENSORBOARD.replace("europe-west4", "us-central1")), "tensorboard needs service_account"),
+        (dict(tensorboard="tb-4242", service_account=SA), "is not projects/PROJECT/locations/REGION/tensorboards/ID"),
+        (dict(tensorboard=TENSORBOARD, service_account=SA), "Vertex AI wants the TensorBoard in the job's region"),
     ],
 )
 def test_invalid_configs_are_refused(overrides, match):
     with pytest.raises(ValueError, match=match):
         config(**overrides)
+
+
+def test_a_tensorboard_is_attached_and_submitted_with_the_service_account(monkeypatch):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import aiplatform
+
+    cfg = config(region="europe-west4", service_account=SA, tensorboard=TENSORBOARD)
+    spec = vertex.build_custom_job(cfg).job_spec
+    assert (spec.tensorboard, spec.service_account) == (TENSORBOARD, SA)
+    assert spec.base_output_directory.output_uri_prefix == "gs://my-bucket/learner"  # where AIP_TENSORBOARD_LOG_DIR is
+    assert vertex.build_custom_job(config()).job_spec.tensorboard == ""
+    calls = []  # submit() is the network call: record what it is given instead
+    monkeypatch.setattr(aiplatform.CustomJob, "submit", lambda self, **kw: calls.append(kw))
+    vertex.submit(cfg, AnonymousCredentials())
+    assert calls == [{"service_account": SA, "tensorboard": TENSORBOARD}]
 
 
 def test_unknown_field_names_raise_when_the_proto_is_built():
@@ -157,17 +177,41 @@ def test_cli_dry_run_prints_the_job_as_json_without_network():
         "gs://my-bucket/learner",
         "--env",
         "A=1",
+        "--service_account",
+        SA,
+        "--tensorboard",
+        TENSORBOARD,
         "--dry-run",
         "--",
         *LEARNER_ARGS,
     )
     assert out.returncode == 0, out.stderr
     assert time.monotonic() - start < 60
-    job = json.loads(out.stdout)
+    job = json.loads(out.stdout)  # stdout is the job alone; the summary goes to stderr
     (pool,) = job["jobSpec"]["workerPoolSpecs"]
     assert pool["machineSpec"] == {"machineType": "ct5lp-hightpu-4t", "tpuTopology": "2x2"}
     assert pool["containerSpec"]["args"] == list(LEARNER_ARGS)
     assert pool["containerSpec"]["env"] == [{"name": "A", "value": "1"}]
+    assert (job["jobSpec"]["serviceAccount"], job["jobSpec"]["tensorboard"]) == (SA, TENSORBOARD)
+    summary = out.stderr.splitlines()
+    for line in [
+        "Vertex AI CustomJob 'agentic-rl-learner' (dry run: nothing submitted)",
+        "  workerpool0: 1 replica(s) of ct5lp-hightpu-4t, TPU topology 2x2",
+        f"  image: {IMAGE}",
+        f"  command: python -m trainer.task ({len(LEARNER_ARGS)} learner args)",
+        "  base output dir: gs://my-bucket/learner",
+        f"  service account: {SA}",
+        f"  tensorboard: {TENSORBOARD}",
+    ]:
+        assert line in summary, (line, out.stderr)
+
+
+def test_summary_names_every_pool_and_an_unset_identity():
+    lines = vertex.summary(vertex.build_custom_job(config(tpu_topology="4x4", replica_count=4)))
+    assert "  workerpool0: 1 replica(s) of ct5lp-hightpu-4t, TPU topology 4x4" in lines
+    assert "  workerpool1: 3 replica(s) of ct5lp-hightpu-4t, TPU topology 4x4" in lines
+    assert "  service account: unset (Vertex AI's default identity, not a least-privilege one)" in lines
+    assert "  tensorboard: none" in lines
 
 
 @pytest.mark.e2e

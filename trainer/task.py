@@ -16,7 +16,9 @@ import sys
 import time
 
 from core import config
+from core.contracts.pubsub_io import PermanentError
 from core.contracts.run_summary import RunSummary
+from core.contracts.store import StoreAccessError
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
 from trainer.config import VERTEX_ENV_DEFAULTS, LearnerJobConfig
 from trainer.learning import builder as B
@@ -42,8 +44,10 @@ parse_args = parse_config  # what trainer.cloud.vertex checks a job's learner fl
 
 def run(cfg: LearnerJobConfig) -> RunSummary:
     B.check_settings(cfg)  # the environment, before anything starts
+    mesh = B.make_mesh_from_flag(cfg.mesh)  # a mesh the devices cannot form: refused here
+    B.check_resources(cfg)  # wrong Pub/Sub names, a missing bucket: named now, not retried
     tracer = B.make_tracer(cfg.trace_dir)
-    learner = B.make_learner(cfg, B.make_mesh_from_flag(cfg.mesh))
+    learner = B.make_learner(cfg, mesh)
     tasks = B.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir, cfg.env_config)
     checkpointer = B.make_checkpointer(cfg.checkpoint_dir)
     with tracer.span("warm start or restore", "learner"):
@@ -69,6 +73,8 @@ def run(cfg: LearnerJobConfig) -> RunSummary:
         while learner.steps < cfg.max_steps and _Stop.requested is None:
             if time.monotonic() > deadline or plane.error:
                 reason = plane.error or f"timeout after {cfg.timeout_s}s"
+                if isinstance(reason, PermanentError):
+                    raise reason  # the feeder's topic is wrong or not ours: main names it
                 raise RuntimeError(f"learner stopped at step {learner.steps}: {reason}")
             if not (batch := plane.next_batch(publisher.version)):
                 continue
@@ -132,7 +138,11 @@ def main(argv=None) -> int:
     cfg = parse_config(argv)
     # Multi-host (a TPU slice of several hosts): join the JAX cluster before any JAX work.
     dist = maybe_initialize_distributed(read_vertex_env())
-    summary = run(cfg)
+    try:
+        summary = run(cfg)
+    except (PermanentError, StoreAccessError) as e:  # no retry can fix these: say which resource
+        log.error("stopped: %s", e)
+        return 2
     if not dist.is_primary:
         return 0
     print(summary.to_json())

@@ -16,6 +16,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import google.auth.exceptions
 import grpc
 from google.api_core import exceptions as gexc
 from google.api_core import retry as gretry
@@ -38,6 +39,49 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 _PULL_RETRYABLE = gretry.if_exception_type(
     gexc.Aborted, gexc.InternalServerError, gexc.ServiceUnavailable, gexc.Unknown
 )
+
+
+# Errors that retrying cannot fix: a wrong name, a missing grant, a malformed request, bad
+# credentials. Everything else from the API (Unavailable, InternalServerError, Aborted,
+# ResourceExhausted, Unknown, DeadlineExceeded, a refused connection) is transient.
+PERMANENT = (gexc.NotFound, gexc.PermissionDenied, gexc.InvalidArgument, gexc.Unauthenticated)
+
+
+class PermanentError(RuntimeError):
+    """A Pub/Sub call failed in a way no retry fixes; the message names the resource."""
+
+
+def permanent_error(err: BaseException, resource: str) -> PermanentError | None:
+    """`err` as a PermanentError naming `resource` (e.g. "subscription projects/p/subscriptions/s"),
+    or None when it is transient (retry it). A RetryError is judged by its cause."""
+    cause = err.cause if isinstance(err, gexc.RetryError) and err.cause is not None else err
+    if not isinstance(cause, PERMANENT):
+        return None
+    message = getattr(cause, "message", None) or str(cause)
+    return PermanentError(f"Pub/Sub {resource}: {type(cause).__name__}: {message} (permanent: not retried)")
+
+
+def preflight(subscriber=None, publisher=None, *, subscriptions=(), topics=(), timeout_s: float = 10.0) -> list[str]:
+    """Checks at start-up that each subscription and topic exists: a wrong name raises
+    PermanentError now instead of at first use. Least-privilege identities (subscriber or
+    publisher roles only) may not hold `*.get`: a PermissionDenied there cannot tell a
+    missing resource from a missing grant, so it is returned as a note and first use decides.
+    """
+    notes: list[str] = []
+    checks = [("subscription", s, subscriber) for s in subscriptions] + [("topic", t, publisher) for t in topics]
+    for kind, path, client in checks:
+        client = client or (subscriber_client() if kind == "subscription" else publisher_client())
+        try:
+            getattr(client, f"get_{kind}")(request={kind: path}, timeout=timeout_s)
+        except gexc.PermissionDenied as e:
+            notes.append(f"{kind} {path}: cannot check ({e.message}); its first use will")
+        except google.auth.exceptions.GoogleAuthError as e:  # no credentials at all: nothing will work
+            raise PermanentError(f"Pub/Sub {kind} {path}: no credentials: {e}") from None
+        except (gexc.GoogleAPICallError, gexc.RetryError) as e:
+            if (perm := permanent_error(e, f"{kind} {path}")) is not None:
+                raise perm from None
+            notes.append(f"{kind} {path}: cannot check now ({type(e).__name__}); its first use will")
+    return notes
 
 
 def emulator_host(host: str | None = None) -> str | None:

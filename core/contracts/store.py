@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from google.api_core.exceptions import GoogleAPIError
+from google.api_core.exceptions import BadRequest, Forbidden, GoogleAPIError, NotFound, Unauthorized
 from google.auth.exceptions import GoogleAuthError
 
 from core.contracts import manifest as mf
@@ -44,6 +44,11 @@ _DIR_RE = re.compile(r"^(\d{8,})(\.orbax-checkpoint-tmp.*)?$")
 
 class StoreError(RuntimeError):
     """The store is corrupt or unreachable, or a requested version is missing or incomplete."""
+
+
+class StoreAccessError(RuntimeError):
+    """The store's bucket is missing, or this identity may not read it: permanent, so not a
+    StoreError (which pollers ride out); the process stops, naming the root."""
 
 
 class ChecksumError(StoreError):
@@ -105,6 +110,22 @@ class PolicyStore:
     def _marker(self, version: int) -> str:
         return os.fspath(self.version_path(version) / METADATA)
 
+    def check_access(self) -> str | None:
+        """At start-up: a gs:// root whose bucket is missing or unreadable raises
+        StoreAccessError naming it (a local root may not exist yet: the learner makes it).
+        GCS unreachable now is transient: returned as a note, and first use decides."""
+        if isinstance(self._files, LocalFiles):
+            return None
+        try:
+            self._files.check_bucket(os.fspath(self.root))
+        except (NotFound, Forbidden, Unauthorized, BadRequest) as e:
+            raise StoreAccessError(
+                f"policy store {self.root}: {type(e).__name__}: {getattr(e, 'message', e)} (permanent: not retried)"
+            ) from None
+        except (OSError, GoogleAPIError, GoogleAuthError) as e:
+            return f"policy store {self.root}: cannot check now ({type(e).__name__})"
+        return None
+
     def _call(self, what: str, fn, *args):
         """Storage errors (network, permissions) become StoreError: pollers keep their
         current version on a StoreError instead of dying."""
@@ -138,7 +159,11 @@ class PolicyStore:
             params = _cast_floats(params, dtype)
         # force=True: a leftover dir for this version (crash before LATEST) is unreferenced, so
         # overwriting it is safe. The context exit waits for the async save and finalisation.
-        with ocp.StandardCheckpointer() as ckptr:
+        # One writer: in a multi-host learner only process 0 publishes, so Orbax must not
+        # wait for the other processes (its default barriers span them all, and would hang).
+        alone = {jax.process_index()} if jax.process_count() > 1 else None
+        only_us = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(), active_processes=alone)
+        with ocp.StandardCheckpointer(multiprocessing_options=only_us) as ckptr:
             ckptr.save(path, params, force=True)
             ckptr.wait_until_finished()
         # Hashed after Orbax has finalised the directory and before the marker: the manifest

@@ -141,6 +141,13 @@ class GcsFiles:
         blobs = self._client.list_blobs(bucket, prefix=prefix, **self._read)
         return {b.name[len(prefix) :]: b.size for b in blobs if not b.name.endswith("/")}
 
+    def check_bucket(self, path: str) -> None:
+        """Lists one object under path: raises NotFound for a missing bucket, Forbidden
+        without storage.objects.list (both permanent). A missing *object* reads as 404 too,
+        so without this a reader of a misspelled bucket would wait for a first version forever."""
+        bucket, key = self._split(path)
+        list(self._client.list_blobs(bucket, prefix=key, max_results=1, **self._read))
+
     def sha256(self, path: str) -> tuple[str, int]:
         """Streams the object through the hash: never held whole in memory."""
         bucket, key = self._split(path)

@@ -7,7 +7,8 @@
 (`python -m trainer.cloud.vertex` is the same command.) Everything after `--` is passed to
 `python -m trainer.task`. `--dry-run` (or `--dry_run`) builds the job,
 checks it (the proto constructor refuses unknown field names; the learner's own argparse
-checks its flags) and prints it as JSON, with no network call. Without `--dry-run` the job
+checks its flags) and prints it as JSON on stdout, with a short summary on stderr (worker
+pools, machines, image, service account, TensorBoard), with no network call. Without `--dry-run` the job
 is submitted with `aiplatform.CustomJob(...).submit()` and Application Default
 Credentials: that path needs a real project and has NOT been run from this repository.
 """
@@ -27,6 +28,7 @@ _PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")  # us-central1, europe-west4; not a zone
 _TOPOLOGY = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
 _TPU_CHIPS_PER_HOST = re.compile(r"^ct.*-(\d+)t$")  # ct5lp-hightpu-4t: 4 chips per host
+_TENSORBOARD = re.compile(r"^projects/([^/\s]+)/locations/([^/\s]+)/tensorboards/([^/\s]+)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Vertex sets these itself; overriding them would mislead trainer.cloud.distributed.
 _RESERVED_ENV = ("AIP_", "CLUSTER_SPEC", "TF_CONFIG", "CLOUD_ML_JOB_ID")
@@ -55,7 +57,12 @@ class VertexJobConfig:
     tpu_topology: str = knob("2x2", "the TPU slice, e.g. 2x2 or 4x4 ('' for none)")  # 2x2: one v5e host
     replica_count: int = knob(1, "learner hosts: workerpool0 holds 1, workerpool1 the rest")
     staging_bucket: str | None = knob(None, "gs://... for the SDK's staging (unset: base_output_dir's bucket)")
-    service_account: str | None = knob(None, "the identity the job runs as (an email)")
+    service_account: str | None = knob(None, "the identity the job runs as (an email); docs/DEPLOY.md lists its roles")
+    tensorboard: str | None = knob(
+        None,
+        "projects/P/locations/L/tensorboards/ID: a Vertex AI TensorBoard (in --region) that shows the learner's "
+        "logs (AIP_TENSORBOARD_LOG_DIR); needs --service_account",
+    )
     # NAME=VALUE items; a mapping given in code becomes them.
     env: tuple[str, ...] = knob((), "NAME=VALUE for the learner's environment (repeat the flag)", repeat=True)
     dry_run: bool = knob(False, "build, check and print the job as JSON; no network")
@@ -81,6 +88,7 @@ class VertexJobConfig:
             raise ValueError(f"replica_count must be an int >= 1, got {self.replica_count!r}")
         if self.service_account is not None and not re.match(r"^[^@\s]+@[^@\s]+$", self.service_account):
             raise ValueError(f"service_account {self.service_account!r} is not an email")
+        self._check_tensorboard()
         for item in self.env:
             name, sep, _ = item.partition("=") if isinstance(item, str) else ("", "", None)
             if not sep:
@@ -101,6 +109,27 @@ class VertexJobConfig:
                     f"topology {self.tpu_topology} ({self.topology_chips} chips) does not fill "
                     f"{self.machine_type} hosts of {tpu.group(1)} chips (tpu_topology)"
                 )
+
+    def _check_tensorboard(self) -> None:
+        """Vertex uploads AIP_TENSORBOARD_LOG_DIR (under base_output_dir, always set here) to
+        the instance as the job's service account, and only from a job in the instance's region."""
+        if self.tensorboard is None:
+            return
+        m = _TENSORBOARD.match(self.tensorboard) if isinstance(self.tensorboard, str) else None
+        if not m:
+            raise ValueError(
+                f"tensorboard {self.tensorboard!r} is not projects/PROJECT/locations/REGION/tensorboards/ID"
+            )
+        if self.service_account is None:
+            raise ValueError(
+                "tensorboard needs service_account: Vertex AI uploads the learner's logs to a TensorBoard "
+                "only as the job's own service account (--service_account EMAIL)"
+            )
+        if m.group(2) != self.region:
+            raise ValueError(
+                f"tensorboard {self.tensorboard!r} is in {m.group(2)}, the job in region {self.region}: "
+                "Vertex AI wants the TensorBoard in the job's region"
+            )
 
     @property
     def topology_chips(self) -> int:
@@ -144,6 +173,7 @@ def build_custom_job(cfg: VertexJobConfig):
             worker_pool_specs=worker_pool_specs(cfg),
             base_output_directory=types.GcsDestination(output_uri_prefix=cfg.base_output_dir),
             service_account=cfg.service_account or "",
+            tensorboard=cfg.tensorboard or "",
         ),
     )
 
@@ -183,8 +213,35 @@ def to_json(job) -> str:
 def submit(cfg: VertexJobConfig, credentials=None):
     """Create the job on Vertex AI (network; untested here). Returns the aiplatform.CustomJob."""
     job = to_sdk_job(cfg, credentials)
-    job.submit(service_account=cfg.service_account)
+    job.submit(service_account=cfg.service_account, tensorboard=cfg.tensorboard)
     return job
+
+
+def summary(job) -> list[str]:
+    """What the dry run built, in a few lines: pools, machines, image, identity, TensorBoard."""
+    spec = job.job_spec
+    lines = [f"Vertex AI CustomJob {job.display_name!r} (dry run: nothing submitted)"]
+    for i, pool in enumerate(spec.worker_pool_specs):
+        m = pool.machine_spec
+        if m.tpu_topology:
+            accel = f"TPU topology {m.tpu_topology}"
+        else:
+            accel = (
+                f"accelerator {m.accelerator_type.name} x{m.accelerator_count}"
+                if m.accelerator_count
+                else "no accelerator"
+            )
+        lines.append(f"  workerpool{i}: {pool.replica_count} replica(s) of {m.machine_type}, {accel}")
+    container = spec.worker_pool_specs[0].container_spec
+    lines += [
+        f"  image: {container.image_uri}",
+        f"  command: {' '.join(container.command)} ({len(container.args)} learner args)",
+        f"  base output dir: {spec.base_output_directory.output_uri_prefix}",
+        "  service account: "
+        + (spec.service_account or "unset (Vertex AI's default identity, not a least-privilege one)"),
+        f"  tensorboard: {spec.tensorboard or 'none'}",
+    ]
+    return lines
 
 
 def parse_cli(argv: Sequence[str]) -> VertexJobConfig:
@@ -205,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from google.auth.credentials import AnonymousCredentials
 
         to_sdk_job(cfg, AnonymousCredentials())  # the SDK accepts it too, still offline
+        print("\n".join(summary(job)), file=sys.stderr)  # stdout stays the job's JSON
         print(to_json(job))
         return 0
     sdk_job = submit(cfg)

@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 import environments
+from core.contracts import pubsub_io
 from core.contracts.record_shape import RecordLayout
 from core.contracts.store import PolicyStore
 from core.policy.chat_format import chat_format_for
@@ -229,6 +230,16 @@ def check_settings(cfg: LearnerJobConfig) -> None:
         raise ValueError(f"{why} (--env {cfg.env!r}, --env_config {json.dumps(cfg.env_config)})") from None
     if cfg.model:
         check_prompt_fits(cfg)
+
+
+def check_resources(cfg: LearnerJobConfig) -> None:
+    """A misspelled subscription or topic, or a missing bucket, fails now with its name
+    (pubsub_io.PermanentError, store.StoreAccessError) instead of retrying until --timeout_s."""
+    topics = [cfg.requests_topic, *([cfg.dead_letter_topic] if cfg.dead_letter_topic else [])]
+    for note in pubsub_io.preflight(subscriptions=[cfg.records_subscription], topics=topics):
+        log.info("start-up check: %s", note)
+    if note := PolicyStore(cfg.policy_root).check_access():
+        log.info("start-up check: %s", note)
 
 
 def check_prompt_fits(cfg: LearnerJobConfig, turn_tokens: int = 32) -> None:

@@ -63,6 +63,8 @@ class RecordConsumer:
         try:
             received = pubsub_io.pull(self.subscriber, self.subscription, max_messages, timeout_s)
         except _TRANSIENT as e:
+            if (fatal := pubsub_io.permanent_error(e, f"subscription {self.subscription}")) is not None:
+                raise fatal from None  # a wrong name or a missing grant: no retry fixes it
             self._failed("pull", e)
             return []
         self._backoff_s = 0.0
@@ -179,6 +181,8 @@ class RecordConsumer:
                 source_subscription=self.subscription,
             ).result(timeout=30)
         except (*_TRANSIENT, TimeoutError) as e:
+            if (fatal := pubsub_io.permanent_error(e, f"dead-letter topic {self.dead_letter_topic}")) is not None:
+                raise fatal from None
             self.rejected -= 1  # counted when it is dead-lettered for good
             self._failed("dead-letter publish", e)
             return False

@@ -262,6 +262,9 @@ class Feeder(threading.Thread):
                     self.published += 1  # the prompt stream's position: what a resumed learner skips
                 else:
                     self.redone += 1
+        except pubsub_io.PermanentError as e:
+            self.error = e
+            log.error("feeder stopped: %s", e)
         except BaseException as e:
             self.error = e
             log.exception("feeder failed")
@@ -275,6 +278,8 @@ class Feeder(threading.Thread):
                 pubsub_io.publish(publisher, self.topic, req.to_bytes()).result(timeout=30)
                 return True
             except (gexc.GoogleAPICallError, gexc.RetryError, TimeoutError) as e:
+                if (fatal := pubsub_io.permanent_error(e, f"requests topic {self.topic}")) is not None:
+                    raise fatal from None  # run() records it as the feeder's error: the learner stops
                 self.publish_errors += 1
                 wait_s = min(0.5 * 2**attempt, 10.0)
                 log.warning("publishing request %s failed (%s); retrying in %.1f s", req.request_id, e, wait_s)
