@@ -91,6 +91,9 @@ class LearnerJobConfig:
         "learner checkpoints (a dir or gs://...), saved at every policy publish; a restarted learner resumes "
         "from the newest (on Vertex AI: AIP_CHECKPOINT_DIR)",
     )
+    checkpoint_unverified: bool = knob(
+        False, "resume from a checkpoint written before checksum manifests, restoring it unverified"
+    )
     summary_path: str | None = knob(None, "also write the run summary here as JSON")
     logdir: str | None = knob(
         None,

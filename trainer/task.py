@@ -49,7 +49,7 @@ def run(cfg: LearnerJobConfig) -> RunSummary:
     tracer = B.make_tracer(cfg.trace_dir)
     learner = B.make_learner(cfg, mesh)
     tasks = B.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir, cfg.env_config)
-    checkpointer = B.make_checkpointer(cfg.checkpoint_dir)
+    checkpointer = B.make_checkpointer(cfg.checkpoint_dir, cfg.checkpoint_unverified)
     with tracer.span("warm start or restore", "learner"):
         start = B.restore_or_initialise(
             learner,

@@ -96,8 +96,8 @@ def load_prompts(env: str, task_seed: int, data_dir: str | None, env_config: dic
     return list(datasets.load_tasks(env, "train", data_dir))
 
 
-def make_checkpointer(checkpoint_dir: str | None) -> LearnerCheckpointer | None:
-    return LearnerCheckpointer(checkpoint_dir) if checkpoint_dir else None
+def make_checkpointer(checkpoint_dir: str | None, unverified: bool = False) -> LearnerCheckpointer | None:
+    return LearnerCheckpointer(checkpoint_dir, allow_unverified=unverified) if checkpoint_dir else None
 
 
 def restore_or_initialise(

@@ -32,11 +32,15 @@ from typing import Any, Self
 import orbax.checkpoint as ocp
 from etils import epath
 
-from core.contracts.store_files import disable_gcsfs_listing_cache
+from core.contracts import manifest as mf
+from core.contracts.store_files import disable_gcsfs_listing_cache, files_for
 
 log = logging.getLogger(__name__)
 
 disable_gcsfs_listing_cache()  # restore_latest lists steps through epath -> gcsfs on gs://
+
+
+MANIFEST = "manifest.json"  # in the step's directory: sha256 and size of every file Orbax wrote
 
 
 class CheckpointError(RuntimeError):
@@ -59,9 +63,18 @@ class LearnerCheckpointer:
         max_to_keep: int | None = 3,
         async_save: bool = True,
         read_only: bool = False,
+        allow_unverified: bool = False,
     ):
         """read_only: for a process that only restores (an evaluator, a test) while the
-        learner writes; it must not clean up, or it would delete the learner's in-flight save."""
+        learner writes; it must not clean up, or it would delete the learner's in-flight save.
+        allow_unverified: restore checkpoints written before manifests (a legacy directory).
+
+        Orbax has no checksum of its own (OCDBT chunks are zstd with none), so, as policy
+        versions do (core/contracts/manifest.py), each step gets a manifest once Orbax has
+        finalised it. A step counts as durable (`saving()` False) only once its manifest
+        is written, so a crash between the two leaves a step no record's ack relied on:
+        restore skips it, and its successor's save replaces it."""
+        self.allow_unverified, self.read_only = allow_unverified, read_only
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}")
         self.directory = epath.Path(directory)
@@ -75,6 +88,8 @@ class LearnerCheckpointer:
             cleanup_tmp_directories=not read_only,
         )
         self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        self._files = files_for(os.fspath(self.directory))
+        self._unhashed: list[int] = []  # saved by us, manifest not yet written
         self._closed = False
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, wait: bool = False) -> None:
@@ -89,8 +104,65 @@ class LearnerCheckpointer:
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         # force=True: save exactly when asked; the learner decides the cadence.
         self._mngr.save(step, args=args, force=True)
+        self._unhashed.append(step)
         if wait:
-            self._mngr.wait_until_finished()
+            self.wait_until_finished()
+
+    # -- manifests -------------------------------------------------------------------------
+    def _step_dir(self, step: int) -> str:
+        return os.fspath(self.directory / str(step))
+
+    def _write_manifests(self) -> None:
+        """Hashes the steps Orbax has finalised since the last call (read back: on gs:// it
+        is what the bucket holds). Only process 0 writes: the directory is shared."""
+        import jax
+
+        steps, self._unhashed = self._unhashed, []
+        for step in steps:
+            if jax.process_index() != 0 or step not in self._mngr.all_steps():
+                continue  # another process's job, or max_to_keep already removed it
+            root = self._step_dir(step)
+            files = mf.build(self._files.walk(root), lambda rel, r=root: self._files.sha256(f"{r}/{rel}"), MANIFEST)
+            doc = {"manifest_version": mf.MANIFEST_VERSION, "step": step, "manifest": files}
+            self._files.write_text(f"{root}/{MANIFEST}", json.dumps(doc))
+
+    def _manifest(self, step: int) -> dict | None:
+        text = self._files.read_text(f"{self._step_dir(step)}/{MANIFEST}")
+        if text is None:
+            return None
+        try:
+            return json.loads(text)["manifest"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"checkpoint step {step}: corrupt {MANIFEST}: {e}") from None
+
+    def verify(self, step: int) -> None:
+        """CheckpointError naming the first file that differs from the step's manifest."""
+        manifest = self._manifest(step)
+        if manifest is None:
+            if self.allow_unverified:
+                return
+            raise CheckpointError(
+                f"checkpoint step {step} in {self.directory} has no {MANIFEST} (written before checkpoint "
+                "manifests?): refused; --checkpoint_unverified restores it unchecked"
+            )
+        root = self._step_dir(step)
+        why = mf.problem(manifest, self._files.walk(root), lambda rel: self._files.sha256(f"{root}/{rel}"), MANIFEST)
+        if why is not None:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory}: {why}")
+
+    def _newest_committed(self) -> int | None:
+        """The newest step with a manifest. Newer steps without one were cut off between
+        Orbax's finalisation and the manifest (no ack relied on them): removed. With no
+        manifest anywhere (a legacy directory) the newest step, which verify then judges."""
+        steps = self.all_steps()
+        committed = [s for s in steps if self._manifest(s) is not None]
+        if not committed:
+            return steps[-1] if steps else None
+        for step in (s for s in steps if s > committed[-1]):
+            log.warning("checkpoint step %d has no %s (cut off before it was written): skipped", step, MANIFEST)
+            if not self.read_only:
+                self._mngr.delete(step)
+        return committed[-1]
 
     def latest_step(self) -> int | None:
         self._mngr.reload()  # the step list is cached; another process may have written
@@ -107,9 +179,10 @@ class LearnerCheckpointer:
         do not silently rewind to an older step, which would then be trained past and
         leave a newer, broken step behind."""
         self.wait_until_finished()  # our own pending save counts
-        step = self.latest_step()
+        step = self._newest_committed()
         if step is None:
             return None
+        self.verify(step)
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
         try:
             restored = self._mngr.restore(step, args=args)
@@ -126,14 +199,22 @@ class LearnerCheckpointer:
         return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
     def saving(self) -> bool:
-        """True while a save is in flight (not yet durable)."""
-        return not self._closed and self._mngr.is_saving_in_progress()
+        """True while a save is in flight (not yet durable: finalised and its manifest written)."""
+        if self._closed:
+            return False
+        if self._mngr.is_saving_in_progress():
+            return True
+        self._write_manifests()
+        return False
 
     def wait_until_finished(self) -> None:
         self._mngr.wait_until_finished()
+        self._write_manifests()
 
     def close(self) -> None:
-        """Waits for a pending save, then releases Orbax's threads."""
+        """Waits for a pending save and its manifest, then releases Orbax's threads."""
+        if not self._closed:
+            self.wait_until_finished()
         self._mngr.close()
         self._closed = True
 
