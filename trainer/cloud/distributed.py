@@ -140,7 +140,9 @@ def maybe_initialize_distributed(
     a single host or locally. The coordinator is the primary replica (workerpool0[0]) at
     the port the cluster spec gives (Vertex exposes each replica through a service on that
     port, so another port may not be reachable); `coordinator_port` overrides it.
-    `initialize` is injectable for tests; it defaults to `jax.distributed.initialize`.
+    `initialize` is injectable for tests; it defaults to `jax.distributed.initialize`,
+    with CPU collectives over gloo (use_gloo_on_cpu): tests/test_two_process_learner.py
+    runs that real path, two processes on localhost with the cluster spec Vertex sets.
     """
     env = env if env is not None else read_vertex_env()
     if env.num_processes <= 1:
@@ -150,9 +152,20 @@ def maybe_initialize_distributed(
     if initialize is None:
         import jax
 
+        use_gloo_on_cpu(jax)
         initialize = jax.distributed.initialize
     initialize(coordinator_address=address, num_processes=env.num_processes, process_id=env.process_id)
     return DistributedInfo(env.process_id, env.num_processes, address, True)
+
+
+def use_gloo_on_cpu(jax) -> None:
+    """CPU collectives between processes over TCP (gloo), unless another implementation
+    (mpi) was chosen. Without one, a CPU-only multi-process job (CPU replicas, a local
+    test) could not run a step sharded over processes. It configures the CPU client only,
+    so it is harmless on TPU/GPU hosts; and it must precede the backend's start-up, which
+    jax.distributed.initialize() does too."""
+    if jax.config.jax_cpu_collectives_implementation is None:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
 def is_primary(info: DistributedInfo | None = None) -> bool:

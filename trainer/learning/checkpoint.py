@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any, Self
 
 import orbax.checkpoint as ocp
@@ -114,14 +115,20 @@ class LearnerCheckpointer:
 
     def _write_manifests(self) -> None:
         """Hashes the steps Orbax has finalised since the last call (read back: on gs:// it
-        is what the bucket holds). Only process 0 writes: the directory is shared."""
+        is what the bucket holds). Only process 0 writes (the directory is shared); another
+        process keeps a step pending until process 0's manifest for it exists, so its
+        `saving()` cannot report a step durable that a restore would skip."""
         import jax
 
         steps, self._unhashed = self._unhashed, []
         for step in steps:
-            if jax.process_index() != 0 or step not in self._mngr.all_steps():
-                continue  # another process's job, or max_to_keep already removed it
+            if step not in self._mngr.all_steps():
+                continue  # max_to_keep already removed it
             root = self._step_dir(step)
+            if jax.process_index() != 0:
+                if not self._files.exists(f"{root}/{MANIFEST}"):
+                    self._unhashed.append(step)
+                continue
             files = mf.build(self._files.walk(root), lambda rel, r=root: self._files.sha256(f"{r}/{rel}"), MANIFEST)
             doc = {"manifest_version": mf.MANIFEST_VERSION, "step": step, "manifest": files}
             self._files.write_text(f"{root}/{MANIFEST}", json.dumps(doc))
@@ -205,11 +212,15 @@ class LearnerCheckpointer:
         if self._mngr.is_saving_in_progress():
             return True
         self._write_manifests()
-        return False
+        return bool(self._unhashed)
 
-    def wait_until_finished(self) -> None:
+    def wait_until_finished(self, manifest_timeout_s: float = 120.0) -> None:
         self._mngr.wait_until_finished()
         self._write_manifests()
+        deadline = time.monotonic() + manifest_timeout_s
+        while self._unhashed and time.monotonic() < deadline:  # another process: process 0's manifest
+            time.sleep(0.1)
+            self._write_manifests()
 
     def close(self) -> None:
         """Waits for a pending save and its manifest, then releases Orbax's threads."""

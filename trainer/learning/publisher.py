@@ -42,13 +42,15 @@ class PolicyPublisher:
         checkpointer: LearnerCheckpointer | None,
         *,
         version: int,
-        is_primary: bool = True,
+        is_primary: bool | None = None,
         dtype=None,
         keep_versions: int = 5,
     ):
         self.store, self.learner, self.checkpointer = store, learner, checkpointer
         self.version = version  # the newest published version (-1: none yet)
-        self.is_primary, self.dtype, self.keep_versions = is_primary, dtype, keep_versions
+        # One writer per run: process 0 of a multi-host learner (None: ask JAX).
+        self.is_primary = jax.process_index() == 0 if is_primary is None else is_primary
+        self.dtype, self.keep_versions = dtype, keep_versions
         self.published: list[int] = []
 
     def publish_start(self, resumed: bool) -> None:
