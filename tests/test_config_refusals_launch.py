@@ -37,6 +37,8 @@ TABLE: list[Row] = [
         "argument --live: invalid choice: 'tv'"),
     row(DEMO, "--max_restarts", "--max_restarts=-1", "< 0", "no number of restarts", "--max_restarts",
         "--max_restarts must be >= 0"),
+    row(DEMO, "--learner_processes", "--learner_processes=0", "< 1 or > 8", "no learner, or more processes than this "
+        "machine should start", "--learner_processes", "--learner_processes must be 1..8"),
     row(DEMO, "--rollout_cpus", "--rollout_cpus=0,a", "not a comma-separated list of core numbers",
         "no cores to pin the rollout side to", "rollout_cpus", "--rollout_cpus must be comma-separated core numbers"),
     row(DEMO, "--env_config", ("--env=guess", '--env_config={"colour": 1}'), "not a setting of the --env",

@@ -23,6 +23,7 @@ from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_
 from trainer.config import VERTEX_ENV_DEFAULTS, LearnerJobConfig
 from trainer.learning import builder as B
 from trainer.learning.accounting import format_accounting
+from trainer.learning.lockstep import STOP, Lockstep
 from trainer.learning.run_stats import RunStats
 
 log = logging.getLogger("trainer")
@@ -42,7 +43,7 @@ def parse_config(argv: list[str] | None) -> LearnerJobConfig:
 parse_args = parse_config  # what trainer.cloud.vertex checks a job's learner flags with
 
 
-def run(cfg: LearnerJobConfig) -> RunSummary:
+def run(cfg: LearnerJobConfig) -> RunSummary | None:
     B.check_settings(cfg)  # the environment, before anything starts
     mesh = B.make_mesh_from_flag(cfg.mesh)  # a mesh the devices cannot form: refused here
     B.check_resources(cfg)  # wrong Pub/Sub names, a missing bucket: named now, not retried
@@ -66,17 +67,21 @@ def run(cfg: LearnerJobConfig) -> RunSummary:
     stats = RunStats(peak_flops=cfg.peak_tflops * 1e12 if cfg.peak_tflops else None)
     tel = B.make_telemetry(cfg.logdir, tracer, stats)  # a row per step, spans on the timeline
     plane = B.make_data_plane(cfg, tasks, publisher, start, checkpointer, stats, tel)  # acks once checkpointed
+    lockstep = Lockstep()  # several processes: process 0's plane decides, the others follow it
     plane.start()
     deadline = time.monotonic() + cfg.timeout_s
     _Stop.graceful, _Stop.requested = True, None
     try:
-        while learner.steps < cfg.max_steps and _Stop.requested is None:
+        while True:
             if time.monotonic() > deadline or plane.error:
                 reason = plane.error or f"timeout after {cfg.timeout_s}s"
                 if isinstance(reason, PermanentError):
                     raise reason  # the feeder's topic is wrong or not ours: main names it
                 raise RuntimeError(f"learner stopped at step {learner.steps}: {reason}")
-            if not (batch := plane.next_batch(publisher.version)):
+            stop = learner.steps >= cfg.max_steps or _Stop.requested is not None
+            if (batch := lockstep.batch(stop, lambda: plane.next_batch(publisher.version))) is STOP:
+                break
+            if not batch:
                 continue
             tel.data_ready()
             looked_up = time.perf_counter_ns()
@@ -86,8 +91,11 @@ def run(cfg: LearnerJobConfig) -> RunSummary:
             with tel.span("train step", step=learner.steps + 1):
                 metrics = learner.train_step(batch)
             step_s = time.monotonic() - t0
+            if not lockstep.primary:  # publishing is a collective: when process 0 says
+                _follow_publish(lockstep, publisher)
+                continue
             plane.settle(batch, metrics, step_s, flops)
-            if plane.publish_due(learner.steps):
+            if lockstep.agree(plane.publish_due(learner.steps)):
                 with tel.span("publish", version=publisher.version + 1):
                     publisher.publish()
                 with tel.span("checkpoint"):  # its records are acked once it is durable
@@ -106,12 +114,21 @@ def run(cfg: LearnerJobConfig) -> RunSummary:
             checkpointer.close()  # waits for the last save
         plane.close()  # acks what that save covers, nacks the rest back to the subscription
         tel.close()
+    if not lockstep.primary:
+        return None  # process 0 accounts for the run
     summary = plane.summary(learner, start, publisher, exit_code=_Stop.requested or 0)
     if _Stop.requested:
         log.warning("stopped by a signal at step %d (exit code %d)", learner.steps, _Stop.requested)
     for line in format_accounting(summary.accounting):
         (log.info if summary.accounting.balanced else log.error)("trajectories: %s", line)
     return summary
+
+
+def _follow_publish(lockstep: Lockstep, publisher) -> None:
+    """A following process's part of a publish and checkpoint (gathers, Orbax's save)."""
+    if lockstep.agree(False):
+        publisher.publish()
+        publisher.checkpoint(0, {})  # process 0 writes the checkpoint's bookkeeping
 
 
 class _Stop:
@@ -138,6 +155,10 @@ def main(argv=None) -> int:
     cfg = parse_config(argv)
     # Multi-host (a TPU slice of several hosts): join the JAX cluster before any JAX work.
     dist = maybe_initialize_distributed(read_vertex_env())
+    if dist.initialized:
+        log.info(
+            "JAX process %d of %d (coordinator %s)", dist.process_index, dist.process_count, dist.coordinator_address
+        )
     try:
         summary = run(cfg)
     except (PermanentError, StoreAccessError) as e:  # no retry can fix these: say which resource

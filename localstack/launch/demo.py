@@ -25,7 +25,7 @@ from core.contracts.store import LATEST
 from core.telemetry import trace
 from core.telemetry.scalars import read_rows
 from localstack.emulators.pubsub import PubSubEmulator
-from localstack.launch import processes
+from localstack.launch import cluster, processes
 from localstack.launch.commands import evaluator_command, learner_command, plan_command, rollout_command
 from localstack.launch.demo_config import DemoConfig, main_job_learner, main_job_rollout, parse_args
 from localstack.launch.plan import PlanConfig
@@ -80,6 +80,8 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
     if plan:
         learner = _plan_then_user(learner, plan["learner_flags"], cfg.learner, main_job_learner())
         learner = config.replace(learner, plan=str(workdir / "plan.json"))
+    if cfg.learner_processes > 1 and not learner.mesh:  # the batch split over every process's device
+        learner = config.replace(learner, mesh=f"data={cfg.learner_processes}")
     return learner
 
 
@@ -215,9 +217,11 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
         evaluating = cfg.evaluating
         with ExitStack() as running:
             progress = running.enter_context(Progress(workdir, cfg.max_steps, cfg.live))
-            learner = running.enter_context(
-                ProcessGroup(learner_cmd, workdir / "learner.log", env, cpus=cpu_set(cfg.learner_cpus))
-            )
+            learners = [  # one, or several joined as on Vertex AI (localstack/launch/cluster.py)
+                running.enter_context(ProcessGroup(learner_cmd, workdir / log, e, cpus=cpu_set(cfg.learner_cpus)))
+                for log, e in cluster.learner_envs(cfg.learner_processes, env)
+            ]
+            learner = learners[0]
             deadline = time.monotonic() + cfg.timeout_s + 60
             # The rollout side starts once policy v0 exists: until then it could only poll,
             # and on two cores that would slow the learner's warm start.
@@ -248,6 +252,8 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
                 time.sleep(0.5)
             if learner.poll() != 0:
                 raise DemoFailed(f"learner exited with {learner.poll()}:\n{learner.log_tail()}")
+            if problems := cluster.wait_followers(learners[1:], 120):
+                raise DemoFailed("\n".join(problems))
             if evaluating:  # score the final version too, then stop
                 final = RunSummary.from_json(summary_path.read_text()).policy_versions_published[-1]
                 (workdir / "final_version").write_text(str(final))

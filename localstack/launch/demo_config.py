@@ -116,6 +116,9 @@ class DemoConfig:
     )
     target_duty: float = knob(0.95, "the learner duty cycle the plan aims at")
     rollout_rate: float | None = knob(None, "for the plan: the measured rollout ceiling, trajectories/s")
+    learner_processes: int = knob(
+        1, "JAX processes of the learner, joined as on Vertex AI (CLUSTER_SPEC on localhost, gloo collectives)"
+    )
     learner_cpus: str | None = knob(None, "pin the learner (and the planner) to these cores, e.g. 0")
     rollout_cpus: str | None = knob(None, "pin the emulator, rollout job and evaluator, e.g. 1")
     trace: bool = knob(True, "record every process's spans and merge them into WORKDIR/trace.json (Perfetto)")
@@ -133,6 +136,8 @@ class DemoConfig:
                 raise ValueError(f"--env_config {self.env_config} is not a setting of --env {self.env}: {e}") from None
         if self.max_new_tokens_per_turn < 1:
             raise ValueError(f"--max_new_tokens_per_turn must be >= 1, got {self.max_new_tokens_per_turn}")
+        if not 1 <= self.learner_processes <= 8:
+            raise ValueError(f"--learner_processes must be 1..8 (on this machine), got {self.learner_processes}")
         if self.max_restarts < 0:
             raise ValueError(f"--max_restarts must be >= 0, got {self.max_restarts}")
         for flag in ("learner_cpus", "rollout_cpus"):  # refused here, not once the watchdog runs

@@ -31,6 +31,7 @@ from trainer.learning.consumer import RecordConsumer
 from trainer.learning.data_plane import DataPlane
 from trainer.learning.feeder import CreditConfig, Feeder, TrajectoryCredits
 from trainer.learning.learner import Learner
+from trainer.learning.lockstep import FollowerPlane
 from trainer.learning.publisher import PolicyPublisher, learner_state_of
 from trainer.learning.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.sharding import make_mesh
@@ -88,6 +89,8 @@ def load_prompts(env: str, task_seed: int, data_dir: str | None, env_config: dic
     there from the local generator on first use; nothing is downloaded), else generated;
     either way drawn as --env_config sets the environment up."""
     environments.load_entry_points()  # environments from installed plugin packages
+    if jax.process_index() != 0:
+        return []  # only process 0 feeds (and builds the dataset: two builders would race)
     if not data_dir:
         return environments.make_tasks(env, task_seed, 1000, "train", env_config)
     from environments import datasets
@@ -276,6 +279,8 @@ def make_consumer(cfg: LearnerJobConfig, layout: RecordLayout, start: Start, che
 
 def make_data_plane(cfg: LearnerJobConfig, tasks, publisher, start: Start, checkpointer, stats, tel) -> DataPlane:
     """The consumer, feeder, credits, batch buffer, staleness control and schedule, as one."""
+    if jax.process_index() != 0:
+        return FollowerPlane()  # one data plane per job, in process 0 (trainer/learning/lockstep.py)
     layout = cfg.record_layout
     staleness, credits = StalenessControl(cfg.staleness), make_credits(cfg.credits)
     plan = read_plan(cfg.plan)

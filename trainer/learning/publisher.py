@@ -57,6 +57,9 @@ class PolicyPublisher:
         """Policy v0 of a fresh run; or, after a crash between a publish and its checkpoint,
         these params again under a version above everything the workers may have seen."""
         latest = self.store.latest_version()
+        if jax.process_count() > 1:  # process 0's reading: the others must take the same branch
+            got = multihost_utils.broadcast_one_to_all(np.int64(-1 if latest is None else latest))
+            latest = None if int(got) < 0 else int(got)
         if resumed and (latest is None or latest <= self.version):
             self.published.append(self.version)  # the checkpoint's version is current
             return
