@@ -109,7 +109,7 @@ def test_half_written_checkpoint_is_ignored(ckpt_dir):
     assert step == 4
     assert_tree_equal(restored, train_state(4))
     if not ckpt_dir.startswith("gs://"):
-        assert sorted(os.listdir(ckpt_dir)) == ["3", "4"]  # the tmp dir was cleaned up
+        assert sorted(os.listdir(ckpt_dir)) == ["3", "4", "MANIFESTED"]  # the tmp dir was cleaned up
 
 
 def test_max_to_keep(ckpt_dir):

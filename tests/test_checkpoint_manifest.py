@@ -12,7 +12,7 @@ import pytest
 import test_checkpoint as base
 from _trees import abstract, assert_tree_equal
 
-from trainer.learning.checkpoint import MANIFEST, CheckpointError, LearnerCheckpointer
+from trainer.learning.checkpoint import MANIFEST, MANIFESTED, CheckpointError, LearnerCheckpointer
 
 gcs, ckpt_dir = base.gcs, base.ckpt_dir  # the fixtures: a local dir, and gs:// on the emulator
 meta_for, train_state = base.meta_for, base.train_state
@@ -90,6 +90,7 @@ def test_a_legacy_directory_is_refused_unless_accepted(tmp_path):
     with LearnerCheckpointer(root) as ckpt:
         ckpt.save(4, state, meta_for(4), wait=True)
     os.remove(f"{root}/4/{MANIFEST}")  # as written before checkpoint manifests
+    os.remove(f"{root}/{MANIFESTED}")
     with LearnerCheckpointer(root) as ckpt, pytest.raises(CheckpointError, match="--checkpoint_unverified"):
         ckpt.restore_latest(abstract(state))
     with LearnerCheckpointer(root, allow_unverified=True) as ckpt:

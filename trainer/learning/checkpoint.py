@@ -42,6 +42,7 @@ disable_gcsfs_listing_cache()  # restore_latest lists steps through epath -> gcs
 
 
 MANIFEST = "manifest.json"  # in the step's directory: sha256 and size of every file Orbax wrote
+MANIFESTED = "MANIFESTED"  # at the root: steps here get manifests (a step without one was cut off)
 
 
 class CheckpointError(RuntimeError):
@@ -104,6 +105,9 @@ class LearnerCheckpointer:
         meta = json.loads(json.dumps(meta, default=_json_default))
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         # force=True: save exactly when asked; the learner decides the cadence.
+        marker = os.fspath(self.directory / MANIFESTED)
+        if not self._unhashed and not self._files.exists(marker):
+            self._files.write_text(marker, "steps here carry manifest.json\n")
         self._mngr.save(step, args=args, force=True)
         self._unhashed.append(step)
         if wait:
@@ -122,9 +126,9 @@ class LearnerCheckpointer:
 
         steps, self._unhashed = self._unhashed, []
         for step in steps:
-            if step not in self._mngr.all_steps():
-                continue  # max_to_keep already removed it
             root = self._step_dir(step)
+            if not self._files.walk(root):
+                continue  # max_to_keep already removed it
             if jax.process_index() != 0:
                 if not self._files.exists(f"{root}/{MANIFEST}"):
                     self._unhashed.append(step)
@@ -163,17 +167,22 @@ class LearnerCheckpointer:
         manifest anywhere (a legacy directory) the newest step, which verify then judges."""
         steps = self.all_steps()
         committed = [s for s in steps if self._manifest(s) is not None]
-        if not committed:
-            return steps[-1] if steps else None
-        for step in (s for s in steps if s > committed[-1]):
+        if not committed and not self._files.exists(os.fspath(self.directory / MANIFESTED)):
+            return steps[-1] if steps else None  # written before manifests: verify judges it
+        newest = committed[-1] if committed else None
+        for step in (s for s in steps if newest is None or s > newest):
             log.warning("checkpoint step %d has no %s (cut off before it was written): skipped", step, MANIFEST)
             if not self.read_only:
                 self._mngr.delete(step)
-        return committed[-1]
+        return newest
 
     def latest_step(self) -> int | None:
+        """The newest step that counts: with manifests, the newest with one."""
         self._mngr.reload()  # the step list is cached; another process may have written
-        return self._mngr.latest_step()
+        if not self._files.exists(os.fspath(self.directory / MANIFESTED)):
+            return self._mngr.latest_step()
+        committed = [s for s in sorted(self._mngr.all_steps()) if self._manifest(s) is not None]
+        return committed[-1] if committed else None
 
     def all_steps(self) -> list[int]:
         self._mngr.reload()
