@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 
-from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.config import RolloutIOConfig
+from pipelines.dry_run import is_dataflow_dry_run
 
 
 def check_resources(io: RolloutIOConfig, options: PipelineOptions) -> None:
-    if options.view_as(TestOptions).dry_run in (True, "True", "true", "1"):
+    if is_dataflow_dry_run(options):
         return
     from core.contracts import pubsub_io
     from core.contracts.store import PolicyStore

@@ -163,6 +163,7 @@ def main(argv=None) -> int:
     from core.contracts.pubsub_io import PermanentError
     from core.contracts.store import StoreAccessError
 
+    logging.info("rollout job starting")
     try:
         run(argv)
     except (PermanentError, StoreAccessError) as e:  # no retry can fix these: say which resource

@@ -29,6 +29,7 @@ from pipelines import dry_run, rollout
 from pipelines.dry_run import remove_local_staging, staged_artifacts
 from pipelines.options import rollout_config
 from pipelines.pubsub_write import WriteRecordsToPubSub
+from tests import _no_network as no_network
 
 # The dry run builds the sdist with `python -m build` in another process.
 pytestmark = pytest.mark.e2e
@@ -186,15 +187,7 @@ def test_the_vertex_spelling_is_forwarded_and_a_conflict_refused():
 
 
 # The real CLI, with every TCP/UDP connection and DNS lookup refused (an audit hook).
-_NO_NETWORK = """
-import runpy, socket, sys
-def refuse(event, args):
-    if event == "socket.getaddrinfo" or (event == "socket.connect" and args[0].family != socket.AF_UNIX):
-        raise RuntimeError(f"network access during dry run: {event} {args[1:]}")
-sys.addaudithook(refuse)
-sys.argv = ["pipelines.rollout"] + sys.argv[1:]
-runpy.run_module("pipelines.rollout", run_name="__main__")
-"""
+_NO_NETWORK = no_network.script("pipelines.rollout")
 
 
 def test_the_cli_dry_run_prints_what_it_built_and_leaves_no_staging():

@@ -68,6 +68,14 @@ def test_a_malformed_name_is_invalid_argument(pubsub_emulator):
         pubsub_io.preflight(subscriptions=[bad])
 
 
+def test_no_credentials_at_all_is_permanent(monkeypatch, tmp_path):
+    """Real Pub/Sub (no emulator) and nowhere to find credentials: the start-up check stops."""
+    monkeypatch.delenv(pubsub_io.EMULATOR_ENV, raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+    with pytest.raises(pubsub_io.PermanentError, match="no credentials"):
+        pubsub_io.preflight(subscriptions=["projects/p/subscriptions/s"])
+
+
 def test_first_pull_from_a_missing_subscription_raises_at_once(pubsub_emulator):
     wrong = pubsub_emulator.subscription_path("missing-records")
     consumer = RecordConsumer(wrong, {(2, 256)})
@@ -120,7 +128,8 @@ def _seconds_from_start_to_error(log: str) -> float:
     import re
 
     stamps = [time.mktime(time.strptime(m, "%Y-%m-%d %H:%M:%S")) for m in re.findall(r"^(\S+ \S+),\d+ ", log, re.M)]
-    return stamps[-1] - stamps[0] if len(stamps) >= 2 else 0.0
+    assert len(stamps) >= 2, f"too few log lines to time:\n{log[-2000:]}"
+    return stamps[-1] - stamps[0]
 
 
 @pytest.mark.parametrize("which", ["records_subscription", "requests_topic"])

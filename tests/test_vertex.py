@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests import _no_network as no_network
 from trainer.cloud import distributed, vertex
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -138,15 +139,7 @@ def test_learner_args_are_checked_with_the_learners_parser():
 
 # Runs the CLI with every TCP/UDP connection and DNS lookup refused (an audit hook), and
 # proxies pointing at a closed port: a network call would fail the command, not hang.
-_NO_NETWORK = """
-import runpy, socket, sys
-def refuse(event, args):
-    if event == "socket.getaddrinfo" or (event == "socket.connect" and args[0].family != socket.AF_UNIX):
-        raise RuntimeError(f"network access during dry run: {event} {args[1:]}")
-sys.addaudithook(refuse)
-sys.argv = ["trainer.cloud.vertex"] + sys.argv[1:]
-runpy.run_module("trainer.cloud.vertex", run_name="__main__")
-"""
+_NO_NETWORK = no_network.script("trainer.cloud.vertex")
 
 
 def run_cli(*argv: str) -> subprocess.CompletedProcess:

@@ -153,6 +153,7 @@ def main(argv=None) -> int:
     # swallow our lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     cfg = parse_config(argv)
+    log.info("learner starting: env %s, %d steps", cfg.env, cfg.max_steps)
     # Multi-host (a TPU slice of several hosts): join the JAX cluster before any JAX work.
     dist = maybe_initialize_distributed(read_vertex_env())
     if dist.initialized:

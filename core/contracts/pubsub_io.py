@@ -70,8 +70,8 @@ def preflight(subscriber=None, publisher=None, *, subscriptions=(), topics=(), t
     notes: list[str] = []
     checks = [("subscription", s, subscriber) for s in subscriptions] + [("topic", t, publisher) for t in topics]
     for kind, path, client in checks:
-        client = client or (subscriber_client() if kind == "subscription" else publisher_client())
-        try:
+        try:  # the client too: it looks for credentials as it is made
+            client = client or (subscriber_client() if kind == "subscription" else publisher_client())
             getattr(client, f"get_{kind}")(request={kind: path}, timeout=timeout_s)
         except gexc.PermissionDenied as e:
             notes.append(f"{kind} {path}: cannot check ({e.message}); its first use will")

@@ -161,32 +161,32 @@ class LearnerCheckpointer:
         if why is not None:
             raise CheckpointError(f"checkpoint step {step} in {self.directory}: {why}")
 
-    def _newest_committed(self) -> int | None:
-        """The newest step with a manifest. Newer steps without one were cut off between
-        Orbax's finalisation and the manifest (no ack relied on them): removed. With no
-        manifest anywhere (a legacy directory) the newest step, which verify then judges."""
-        steps = self.all_steps()
+    def latest_step(self) -> int | None:
+        """The newest step that counts: the newest with a manifest. In a directory from
+        before manifests (no MANIFESTED marker) the newest step, which verify then judges."""
+        steps = self.all_steps()  # reloaded: another process may have written
+        if not self._files.exists(os.fspath(self.directory / MANIFESTED)):
+            return steps[-1] if steps else None
         committed = [s for s in steps if self._manifest(s) is not None]
-        if not committed and not self._files.exists(os.fspath(self.directory / MANIFESTED)):
-            return steps[-1] if steps else None  # written before manifests: verify judges it
-        newest = committed[-1] if committed else None
-        for step in (s for s in steps if newest is None or s > newest):
+        return committed[-1] if committed else None
+
+    def _drop_cut_off(self, newest: int | None) -> None:
+        """Steps newer than `newest` were cut off between Orbax's finalisation and their
+        manifest (no ack relied on them): skipped, and removed unless read-only."""
+        for step in (s for s in self.all_steps() if newest is None or s > newest):
             log.warning("checkpoint step %d has no %s (cut off before it was written): skipped", step, MANIFEST)
             if not self.read_only:
                 self._mngr.delete(step)
-        return newest
-
-    def latest_step(self) -> int | None:
-        """The newest step that counts: with manifests, the newest with one."""
-        self._mngr.reload()  # the step list is cached; another process may have written
-        if not self._files.exists(os.fspath(self.directory / MANIFESTED)):
-            return self._mngr.latest_step()
-        committed = [s for s in sorted(self._mngr.all_steps()) if self._manifest(s) is not None]
-        return committed[-1] if committed else None
 
     def all_steps(self) -> list[int]:
-        self._mngr.reload()
-        return sorted(self._mngr.all_steps())
+        for attempt in range(3):  # a reader lists while the writer's max_to_keep removes a step
+            try:
+                self._mngr.reload()
+                return sorted(self._mngr.all_steps())
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.1)
 
     def restore_latest(self, abstract_state: dict[str, Any]) -> tuple[int, dict, dict] | None:
         """(step, state, meta) of the newest finalised step, with `state` shaped like
@@ -195,7 +195,8 @@ class LearnerCheckpointer:
         do not silently rewind to an older step, which would then be trained past and
         leave a newer, broken step behind."""
         self.wait_until_finished()  # our own pending save counts
-        step = self._newest_committed()
+        step = self.latest_step()
+        self._drop_cut_off(step)
         if step is None:
             return None
         self.verify(step)

@@ -69,11 +69,6 @@ class Lockstep:
             return flag
         return bool(self._broadcast(np.array(flag, np.bool_)))
 
-    def agree_int(self, value: int) -> int:
-        if not self.multi:
-            return value
-        return int(self._broadcast(np.array(value, np.int64)))
-
 
 class FollowerPlane:
     """What the loop asks of the data plane, on a process that does not own it."""
