@@ -10,6 +10,18 @@
 ends. Binary search wins any range of width w in floor(log2(w)) + 1 guesses (7 for 1..100),
 so the default 8 turns leave one turn of slack, while random guessing mostly loses.
 
+`GuessConfig.shaping` (0 by default) is the environment's documented reward shaping, a
+distance signal: each guess earns `shaping` times the share of the range it rules out, on
+a log scale (bits gained over the bits the range holds), so a lost game that bisected
+well scores more than one that repeated guesses or left the feasible window. A found
+number tops the episode's reward up to exactly 1.0; a lost game scores at most `shaping`.
+Success (what held-out evaluation counts) stays "the number was found".
+
+`GuessConfig.reply_window` (off by default) is an easier game of the same length: a
+wrong guess is answered with the numbers still possible (`<result>20..31</result>`, what
+the replies so far leave) instead of higher/lower, so a player need not remember its
+earlier guesses, only halve the window it is shown. The reply is as long as "higher".
+
 Each task carries its own range, a window of `GuessConfig`'s [low, high] (1..100 by
 default). That is what makes disjoint train/test splits possible: 100 secrets alone would
 give only ~20 test tasks, (range, secret) triples give ~160k.
@@ -19,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import random
 import re
 
@@ -41,6 +54,8 @@ class GuessConfig:
     low: int = DEFAULT_LOW  # Bounds every task's range (and is the range of a task
     high: int = DEFAULT_HIGH  # that states none in its meta).
     max_turns: int = 8
+    shaping: float = 0.0  # reward for the range ruled out, at most this over a lost game
+    reply_window: bool = False  # a wrong guess's reply is the window still possible
     tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
 
     def __post_init__(self) -> None:
@@ -52,6 +67,10 @@ class GuessConfig:
             raise ValueError(f"GuessConfig needs low <= high, got {self.low} > {self.high}")
         if self.max_turns < 1:
             raise ValueError(f"GuessConfig.max_turns must be >= 1, got {self.max_turns}")
+        if isinstance(self.shaping, bool) or not isinstance(self.shaping, (int, float)) or not 0 <= self.shaping < 1:
+            raise ValueError(f"GuessConfig.shaping must be a number in [0, 1), got {self.shaping!r}")
+        if not isinstance(self.reply_window, bool):
+            raise ValueError(f"GuessConfig.reply_window must be true or false, got {self.reply_window!r}")
 
 
 def parse_int(text: str) -> int | None:
@@ -81,6 +100,10 @@ class GuessEnv(ToolEnvironment):
 
     def __init__(self, config: GuessConfig | None = None) -> None:
         super().__init__(config or GuessConfig())
+        if self.config.reply_window:
+            self.tool_description = (
+                "Guess the secret number: the reply is correct or the numbers still possible (lo..hi)."
+            )
 
     async def reset(self, task: Task) -> str:
         # A task this env cannot play is a programming/config error, not model output.
@@ -94,10 +117,30 @@ class GuessEnv(ToolEnvironment):
         if secret is None or not low <= secret <= high:
             raise ValueError(f"task {task.task_id!r}: target {task.target!r} is not an integer in {low}..{high}")
         self._low, self._high, self._secret = low, high, secret
-        return self._start(task)
+        self._feasible, self._earned = (low, high), 0.0  # the window the replies leave; shaping paid
+        return self._start(task, found=False)
+
+    def success(self, reward: float, info: dict) -> bool:
+        return bool(info.get("found"))  # not the shaped reward: a lost game may score > 0
+
+    def _found(self) -> float:
+        self._info["found"] = True
+        return 1.0 - self._earned  # the episode's rewards sum to exactly 1.0
+
+    def _progress(self, guess: int) -> float:
+        """The shaping for a wrong guess: the bits it rules out of the feasible window."""
+        lo, hi = self._feasible
+        if lo <= guess <= hi:
+            self._feasible = (guess + 1, hi) if guess < self._secret else (lo, guess - 1)
+        if not self.config.shaping or self._high == self._low:
+            return 0.0
+        before, after = hi - lo + 1, self._feasible[1] - self._feasible[0] + 1
+        reward = self.config.shaping * math.log2(before / after) / math.log2(self._high - self._low + 1)
+        self._earned += reward
+        return reward
 
     async def score_answer(self, text: str) -> float:
-        return float(parse_int(text) == self._secret)
+        return self._found() if parse_int(text) == self._secret else 0.0
 
     async def call_tool(self, args: str) -> tuple[str, float, bool]:
         guess = parse_int(args)
@@ -106,8 +149,11 @@ class GuessEnv(ToolEnvironment):
             what = "an integer" if guess is None else "in range"
             return format_error(f"guess must be {what} {self._low}..{self._high}"), 0.0, False
         if guess == self._secret:
-            return format_result("correct"), 1.0, True
-        return format_result("higher" if guess < self._secret else "lower"), 0.0, False
+            return format_result("correct"), self._found(), True
+        reward = self._progress(guess)  # narrows the feasible window
+        if self.config.reply_window:
+            return format_result("{}..{}".format(*self._feasible)), reward, False
+        return format_result("higher" if guess < self._secret else "lower"), reward, False
 
 
 # --- Task generation -------------------------------------------------------------------
@@ -164,14 +210,20 @@ def generate_tasks(
     return tasks
 
 
+_WINDOW_RE = re.compile(re.escape(format_result("@")).replace("@", r"([0-9]+)\.\.([0-9]+)"))
+
+
 def oracle_action(task: Task, observations: list[str]) -> str:
     """The scripted expert: binary search, replaying its own earlier guesses from the
-    higher/lower replies so far (the prompt excluded). Anything else carries no
-    information, so the same guess is repeated."""
+    higher/lower replies so far (the prompt excluded), or taking the window a reply names
+    (reply_window). Anything else carries no information, so the same guess is repeated."""
     lo, hi = task_range(task)
     for obs in observations:
         mid = (lo + hi) // 2
-        if obs == format_result("higher"):
+        window = _WINDOW_RE.fullmatch(obs)
+        if window:
+            lo, hi = int(window[1]), int(window[2])
+        elif obs == format_result("higher"):
             lo = mid + 1
         elif obs == format_result("lower"):
             hi = mid - 1

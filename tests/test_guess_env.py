@@ -2,6 +2,7 @@
 truncation, latency overlap, and task splits."""
 
 import asyncio
+import math
 import random
 import re
 import time
@@ -106,6 +107,26 @@ def test_higher_lower_and_correct():
     assert results[-1].info["tool_calls"] == 7 and results[-1].info["tool_errors"] == 0
 
 
+def test_reply_window_names_the_numbers_still_possible():
+    """The easier game: a wrong guess is answered with the window the replies so far leave
+    (a guess outside it leaves it as it was), as long a reply as higher/lower."""
+    env = GuessEnv(GuessConfig(reply_window=True))
+    results = _steps(env, SECRET_42, [f"<call guess>{g}</call>" for g in (50, 25, 60, 41, 43, 42)])
+    assert [r.observation for r in results] == [
+        "<result>1..49</result>",
+        "<result>26..49</result>",
+        "<result>26..49</result>",
+        "<result>42..49</result>",
+        "<result>42..42</result>",
+        "<result>correct</result>",
+    ]
+    assert [r.reward for r in results] == [0.0] * 5 + [1.0] and results[-1].info["found"]
+    assert "lo..hi" in env.tool_description and "higher" in GuessEnv().tool_description
+    for task in generate_tasks(seed=1, n=50, split="test", high=31):  # the oracle reads windows
+        reward, last = asyncio.run(run_episode(env, task, oracle_action))
+        assert reward == 1.0 and last.info["turns"] <= guesses_needed(31), task
+
+
 @pytest.mark.parametrize(
     "answer, reward", [("42", 1.0), (" 42\n", 1.0), ("41", 0.0), ("forty-two", 0.0), ("４２", 0.0), ("", 0.0)]
 )
@@ -206,6 +227,12 @@ def test_config_and_task_validation():
         {"low": True},
         {"tool_latency": "slow"},
         {"tool_latency": 3},
+        {"shaping": 1.0},
+        {"shaping": -0.1},
+        {"shaping": True},
+        {"shaping": "0.5"},
+        {"reply_window": 1},
+        {"reply_window": "yes"},
     ]:
         with pytest.raises(ValueError):
             GuessConfig(**kwargs)
@@ -236,3 +263,59 @@ def test_any_guess_is_an_observation_never_an_exception(actions):
                 return
 
     asyncio.run(go())
+
+
+SHAPED = GuessEnv(GuessConfig(shaping=0.5))
+SECRET_5_IN_16 = Task("s5", "Guess my number in 1..16. ", "5", meta={"low": 1, "high": 16})  # 4 bits
+
+
+def test_shaping_pays_the_bits_a_guess_rules_out_and_a_win_sums_to_one():
+    results = _steps(SHAPED, SECRET_5_IN_16, [f"<call guess>{g}</call>" for g in (8, 8, 20, 4, 6, 5)])
+    # 8 leaves 1..7 (log2(16/7) of the range's 4 bits); 8 again and 20 (an error) rule out
+    # nothing; 4 leaves 5..7 (log2(7/3)); 6 leaves 5..5 (log2(3)); 5 wins: the sum is 1.0.
+    want = [0.5 * math.log2(b) / 4 for b in (16 / 7, 1, 1, 7 / 3, 3)]
+    assert [r.reward for r in results[:5]] == pytest.approx(want)
+    assert sum(r.reward for r in results) == pytest.approx(1.0)
+    assert results[-1].info["found"] and SHAPED.success(sum(r.reward for r in results), results[-1].info)
+
+
+def test_shaping_off_by_default_and_success_is_finding_the_number_not_the_reward():
+    lost = _steps(SHAPED, SECRET_5_IN_16, [f"<call guess>{g}</call>" for g in (8, 4, 7, 7, 7, 7, 7, 7)])
+    total = sum(r.reward for r in lost)
+    assert lost[-1].info["status"] == EpisodeStatus.TRUNCATED and total == pytest.approx(0.5 * 3 / 4)  # 1..16 -> 5..6
+    assert not SHAPED.success(total, lost[-1].info)  # held-out success ignores the shaping
+    plain = _steps(GuessEnv(), SECRET_5_IN_16, [f"<call guess>{g}</call>" for g in (8, 4, 7, 7, 7, 7, 7, 7)])
+    assert [r.reward for r in plain] == [0.0] * 8
+    [blind] = _steps(SHAPED, SECRET_5_IN_16, ["<answer>5</answer>"])
+    assert blind.reward == 1.0 and SHAPED.success(blind.reward, blind.info)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_shaped_rewards_rank_wins_above_every_loss(data):
+    # Any sequence of guesses: each step's reward >= 0; a lost game sums below `shaping`
+    # (and so below any win); a won game sums to exactly 1.0.
+    low = data.draw(st.integers(1, 40))
+    high = data.draw(st.integers(low, 60))
+    secret = data.draw(st.integers(low, high))
+    shaping = data.draw(st.floats(0.0, 0.99))
+    guesses = data.draw(st.lists(st.integers(low - 3, high + 3), min_size=1, max_size=8))
+    env = GuessEnv(GuessConfig(low=1, high=60, shaping=shaping))
+    task = Task("p", "Guess. ", str(secret), meta={"low": low, "high": high})
+
+    async def play():
+        await env.reset(task)
+        out = []
+        for g in guesses:
+            out.append(await env.step(f"<call guess>{g}</call>"))
+            if out[-1].done:
+                return out
+        return out
+
+    results = asyncio.run(play())
+    total = sum(r.reward for r in results)
+    assert all(r.reward >= 0 for r in results)
+    if results[-1].info["found"]:
+        assert total == pytest.approx(1.0)
+    else:
+        assert total <= shaping + 1e-9

@@ -1,5 +1,6 @@
 """The learner step: sharding equivalence on 8 virtual devices, zero recompiles."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -110,3 +111,24 @@ def test_learning_rate_warmup_makes_the_first_steps_small():
 
     plain, warm = first_step_move(0), first_step_move(9)
     assert plain > 0 and warm == pytest.approx(plain / 10, rel=0.05)
+
+
+@pytest.mark.parametrize("warmup", [0, 4])
+def test_learning_rate_decay_ends_at_its_floor(warmup):
+    """After the warmup the rate falls monotonically from lr to lr * (1 - lr_decay) at the
+    run's last step; without lr_decay it stays at lr."""
+    from trainer.learning.learner import learning_rate_schedule
+
+    cfg = LearnerConfig(learning_rate=1e-3, lr_warmup_steps=warmup, lr_decay=0.9)
+    sched = learning_rate_schedule(cfg, total_steps=20)
+    rates = [float(sched(k)) for k in range(21)]
+    assert rates[warmup] == pytest.approx(1e-3)
+    assert rates[20] == pytest.approx(1e-4)
+    assert all(a >= b for a, b in zip(rates[warmup:], rates[warmup + 1 :]))
+    assert learning_rate_schedule(LearnerConfig(learning_rate=1e-3), None) == 1e-3
+    with pytest.raises(ValueError, match="lr_decay needs more steps"):
+        learning_rate_schedule(cfg, total_steps=warmup)
+    # The learner logs the rate each step used.
+    learner = Learner(ModelConfig(max_seq_len=64), dataclasses.replace(cfg, batch_records=1), total_steps=20)
+    used = [learner.train_step([random_record(k)])["optimizer/learning_rate"] for k in range(warmup + 2)]
+    assert used == pytest.approx(rates[: warmup + 2])

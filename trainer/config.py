@@ -115,6 +115,10 @@ class LearnerJobConfig:
         for name in ("learner", "staleness", "credits", "delivery", "warmstart"):
             built[name] = _replace(built[name], **self.derive_section(name, built))
             object.__setattr__(self, name, built[name])
+        if self.learner.lr_decay and self.max_steps <= self.learner.lr_warmup_steps:
+            raise ValueError(
+                f"lr_decay needs max_steps > lr_warmup_steps ({self.learner.lr_warmup_steps}), got {self.max_steps}"
+            )
 
     @classmethod
     def derive_section(cls, name: str, built: dict) -> dict:

@@ -79,7 +79,9 @@ def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
         log.info("initial params: the checkpoint %s", spec.checkpoint)
     # Every segment of every record is at most the layout's trajectory length (the consumer
     # refuses longer ones): the learner's attention only needs that band of each row.
-    learner = Learner(spec.cfg, cfg.learner, mesh, model=model, span=cfg.record_layout.trajectory_len)
+    learner = Learner(
+        spec.cfg, cfg.learner, mesh, model=model, span=cfg.record_layout.trajectory_len, total_steps=cfg.max_steps
+    )
     learner.tokenizer, learner.tokenizer_source = spec.tokenizer, spec.tokenizer_source
     return learner
 
