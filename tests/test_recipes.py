@@ -26,7 +26,7 @@ def test_env_selects_its_recipe_and_flags_override_it():
     assert (mine.warmstart_steps, mine.max_new_tokens_per_turn, mine.env_config) == (7, 80, {"max_turns": 2})
     assert mine.batch_records == 6 and mine.learner.learner.loss.aggregation == "seq-mean-token-mean"
     assert parse_args([]) == config.build(DemoConfig)  # the calculator's recipe is the defaults
-    assert parse_args(["--env", "guess"]).env_config == {"high": 31, "max_turns": 5}
+    assert parse_args(["--env", "guess"]).env_config == {"high": 31, "max_turns": 5, "reply_window": True}
 
 
 def test_an_environment_without_a_recipe_gets_the_defaults():
