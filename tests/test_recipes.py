@@ -21,7 +21,11 @@ def test_env_selects_its_recipe_and_flags_override_it():
     code = parse_args(["--env", "code"])
     assert code.max_new_tokens_per_turn == 96 and code.env_config == {"max_turns": 2}
     assert (code.warmstart_steps, code.batch_records, code.learner.learner.lr_warmup_steps) == (400, 8, 10)
-    assert (code.warmstart_direct_frac, code.learner.learner.lr_decay) == (0.5, 0.9)
+    assert (code.warmstart_direct_frac, code.learner.learner.lr_decay, code.learner.learner.learning_rate) == (
+        0.5,
+        0.9,
+        6e-4,
+    )
     mine = parse_args(["--env=code", "--warmstart_steps=7", "--max_new_tokens_per_turn", "80", "--batch_records=6"])
     assert (mine.warmstart_steps, mine.max_new_tokens_per_turn, mine.env_config) == (7, 80, {"max_turns": 2})
     assert mine.batch_records == 6 and mine.learner.learner.loss.aggregation == "seq-mean-token-mean"
