@@ -14,7 +14,8 @@ demo's defaults. Why each setting (measured: docs/RESULTS.md, "Every recipe"):
   answer at once): RL learns to test first, as well as to copy the constants (code5:
   +0.187 against +0.113 with none). A learning rate decaying by a cosine to a tenth over
   the 80 steps steadies the last versions, the ones the run is judged by (code6: +0.207,
-  and +0.192 in a repeat); twice the learning rate under it: +0.242 and +0.246 (code7, code8).
+  and +0.192 in a repeat); twice the learning rate under it: +0.242, +0.246 and +0.246
+  (code7, code8, the recipes benchmark).
 - guess: the byte policy's episodes are capped at 256 tokens (its context), about five
   guesses with their replies. Windows within 1..31 need at most five guesses of binary
   search, so every game fits and the oracle wins each; 1..100 needs seven, and its
