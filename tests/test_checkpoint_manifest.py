@@ -34,6 +34,19 @@ def test_a_step_is_durable_only_with_its_manifest(ckpt_dir):
     assert all(len(e["sha256"]) == 64 and e["bytes"] == listing[rel] for rel, e in doc["manifest"].items())
 
 
+def test_a_step_is_durable_once_the_next_save_begins(ckpt_dir):
+    """Orbax finishes one save before it starts the next, so a step's manifest is written
+    then, not only once a poll finds no save in flight (a learner that saves at every
+    publish may never find one: test_resume's reader saw no durable step in 1,000)."""
+    with LearnerCheckpointer(ckpt_dir) as ckpt:
+        ckpt.save(3, train_state(2), meta_for(3))
+        ckpt.save(5, train_state(2), meta_for(5))  # nobody asks saving() in between
+        reader = LearnerCheckpointer(ckpt_dir, read_only=True)
+        assert reader.latest_step() == 3  # 5 has no manifest before saving() or close()
+        assert reader.read_meta(3)["feeder_position"] == meta_for(3)["feeder_position"]
+    assert reader.latest_step() == 5
+
+
 def _largest_data_file(step_dir: str) -> Path:
     files = [p for p in Path(step_dir).rglob("*") if p.is_file() and p.name != MANIFEST]
     return max(files, key=lambda p: p.stat().st_size)

@@ -109,6 +109,10 @@ class LearnerCheckpointer:
         if not self._unhashed and not self._files.exists(marker):
             self._files.write_text(marker, "steps here carry manifest.json\n")
         self._mngr.save(step, args=args, force=True)
+        # Orbax finalises the previous save before it starts this one: that step is final
+        # now, so it gets its manifest here. Left to `saving()` it would wait for a poll
+        # with no save in flight, which a learner saving at every publish may never have.
+        self._write_manifests()
         self._unhashed.append(step)
         if wait:
             self.wait_until_finished()
