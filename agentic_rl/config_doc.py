@@ -20,6 +20,8 @@ CONFIGS = {
     "generate": "agentic_rl.generate:GenerateConfig",
     "export": "agentic_rl.export:ExportConfig",
     "tiny-checkpoint": "agentic_rl.tiny_checkpoint:TinyCheckpointConfig",
+    "import-gguf": "agentic_rl.import_gguf:ImportGGUFConfig",
+    "real-model": "agentic_rl.real_model:RealModelConfig",
 }
 PATH = Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md"
 

@@ -66,6 +66,7 @@ class InferenceEngine:
         policy_source: Callable[[], tuple[object, int]],
         max_tokens: int | None = None,
         chat_format: ChatFormat | None = None,
+        share_prompts: bool = True,
     ):
         self.sampler = sampler
         # How episodes on this engine turn text into the model's tokens and back: the model's.
@@ -79,6 +80,10 @@ class InferenceEngine:
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._clock = itertools.count()
+        # A GRPO group's episodes start from one prompt: the first to arrive prefills it (the
+        # leader), the others copy its cache rows once it is in (prompt tokens -> leader).
+        self.share_prompts = share_prompts
+        self._leaders: dict[tuple, Sequence] = {}
         self.stats = {
             "steps": 0,
             "prefill_steps": 0,
@@ -87,6 +92,7 @@ class InferenceEngine:
             "refeeds": 0,
             "busy_s": 0.0,
             "slot_steps": 0,
+            "shared_prompt_tokens": 0,  # prompt tokens copied from a leader instead of fed
         }
 
     async def generate(self, seq: Sequence, max_new: int, stop: Callable[[list[int]], bool]) -> int:
@@ -104,9 +110,14 @@ class InferenceEngine:
         return await job.future
 
     def _admit(self) -> None:
+        copies, deferred = [], []
         while self._queue and self._free:
             job = self._queue.pop(0)
             seq = job.seq
+            leader = self._leader(seq)
+            if leader is not None and leader.cached < len(seq.tokens) - 1:
+                deferred.append(job)  # its prompt is being prefilled by the leader: wait for it
+                continue
             if seq.slot in self._free and self._owner[seq.slot] is seq:
                 slot = seq.slot  # its cache is intact: feed only what is new
             else:
@@ -116,9 +127,30 @@ class InferenceEngine:
                     self.stats["refeeds"] += 1
                 seq.slot, seq.cached = slot, 0
                 self._owner[slot] = seq
+                if leader is not None:  # the leader's cache holds this prompt: copy it
+                    copies.append((leader.slot, slot))
+                    seq.cached = len(seq.tokens) - 1
+                    self.stats["shared_prompt_tokens"] += seq.cached
             self._free.remove(slot)
             seq.cached = min(seq.cached, len(seq.tokens) - 1)  # re-feed the last token for its logits
             self._active[slot] = job
+        self._queue[:0] = deferred
+        if copies:
+            self.sampler.copy_rows(copies)
+
+    def _leader(self, seq: Sequence) -> Sequence | None:
+        """The sequence whose slot holds (or is prefilling) this fresh sequence's prompt;
+        None if there is none, and then this one leads for its prompt."""
+        if not self.share_prompts or seq.cached or seq.slot is not None or len(seq.tokens) < 2:
+            return None
+        key = tuple(seq.tokens)
+        leader = self._leaders.get(key)
+        if leader is not None and leader.slot is not None and self._owner[leader.slot] is leader:
+            return leader
+        if len(self._leaders) >= 4 * self.sampler.slots:  # forget leaders whose slots moved on
+            self._leaders = {k: v for k, v in self._leaders.items() if v.slot is not None and self._owner[v.slot] is v}
+        self._leaders[key] = seq
+        return None
 
     async def _run(self) -> None:
         while True:

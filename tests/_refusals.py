@@ -125,7 +125,7 @@ def _learner(argv, events):
             cfg=cfg, params={}, graphdef=None, frozen=None, mesh=mesh, set_reference=lambda p: None
         )
 
-    def warm_start(graphdef, params, env, demos, cfg, fmt=None, frozen=None):
+    def warm_start(graphdef, params, env, demos, cfg, fmt=None, frozen=None, env_config=None, compute=None):
         events.append("warm start")
         return params, [0.0]
 

@@ -14,8 +14,8 @@ from _learner_data import random_record
 from flax import nnx
 
 from core.policy.config import ModelConfig
-from trainer.learning.learner import Learner, LearnerConfig, _loss_fn, batch_from_records
-from trainer.learning.sharding import batch_sharding, make_mesh
+from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.sharding import make_mesh
 
 assert jax.device_count() == 8, jax.devices()
 cfg = ModelConfig(max_seq_len=64, n_heads=4, n_kv_heads=2)
@@ -24,11 +24,8 @@ out = {}
 for layout in ["single", "8x1", "4x2", "2x4"]:
     mesh = None if layout == "single" else make_mesh(*map(int, layout.split("x")))
     learner = Learner(cfg, LearnerConfig(batch_records=2, learning_rate=1e-2), mesh=mesh)
-    batch = batch_from_records(records)
-    if mesh is not None:
-        batch = jax.device_put(batch, batch_sharding(mesh))
-    grad_fn = jax.jit(jax.grad(lambda p, b, lr=learner: _loss_fn(lr.graphdef, lr.cfg.loss, p, None, b)[0]))
-    grads = [np.asarray(x).ravel() for x in jax.tree.leaves(nnx.to_pure_dict(grad_fn(learner.params, batch)))]
+    _, grads = learner.loss_and_grads(records)
+    grads = [np.asarray(x).ravel() for x in jax.tree.leaves(nnx.to_pure_dict(grads))]
     metrics = learner.train_step(records)
     leaves = [np.asarray(x).ravel() for x in jax.tree.leaves(nnx.to_pure_dict(learner.params))]
     shard_counts = sorted({len(x.sharding.device_set) for x in jax.tree.leaves(learner.params)})

@@ -65,9 +65,48 @@ def test_recorded_logprobs_equal_full_forward(model, slots):
         assert gen.sum() >= 4
         full = _full_logprobs(fwd, params, seq.tokens)
         np.testing.assert_allclose(np.asarray(seq.logprobs)[gen], full[gen], atol=2e-4)
-    assert sampler.compiled_variants() == 2  # decode and prefill widths, nothing else
+    assert sampler.compiled_variants() <= 3  # decode and prefill widths (and a row copy), nothing else
     if slots < 12:
         assert engine.stats["refeeds"] > 0
+
+
+@pytest.mark.parametrize("slots", [4, 16])
+def test_a_group_prefills_its_shared_prompt_once_and_scores_as_if_alone(model, slots):
+    """Two groups of 8 episodes, each group one prompt: the first episode of a group feeds
+    the prompt, the others copy its cache rows, and every sampled token's log-prob is
+    still the full forward's (on 4 slots the copies come from slots that moved on too)."""
+    params, fwd = model
+    rng = np.random.default_rng(7)
+    prompts = [[tokenizer.BOS] + list(rng.integers(0, 256, 40)) for _ in range(2)]
+
+    async def episode(engine, prompt, i):
+        seq = Sequence.start(prompt)
+        await engine.generate(seq, 6, lambda g: False)
+        seq.extend_env(list(np.random.default_rng(i).integers(0, 256, 5)))
+        await engine.generate(seq, 4, lambda g: False)
+        engine.release(seq)
+        return seq
+
+    def run(share: bool):
+        sampler = Sampler(CFG, slots=slots, length=128, prefill=8, prefill_slots=4)
+        engine = InferenceEngine(sampler, lambda: (params, 0), share_prompts=share)
+
+        async def both():
+            return await asyncio.gather(*(episode(engine, prompts[i // 8], i) for i in range(16)))
+
+        return asyncio.run(both()), engine, sampler
+
+    seqs, engine, sampler = run(share=True)
+    for seq in seqs:
+        gen = np.asarray(seq.loss_mask) == 1
+        full = _full_logprobs(fwd, params, seq.tokens)
+        np.testing.assert_allclose(np.asarray(seq.logprobs)[gen], full[gen], atol=2e-4)
+    _, alone, _ = run(share=False)
+    copied = 14 if slots == 16 else 6  # every follower; on 4 slots some leaders lose their slot first
+    assert engine.stats["shared_prompt_tokens"] >= copied * 40
+    assert engine.stats["fed_tokens"] <= alone.stats["fed_tokens"] - copied * 40
+    assert alone.stats["shared_prompt_tokens"] == 0
+    assert (sampler._step._cache_size(), sampler._rows_step._cache_size(), sampler._copy._cache_size()) == (1, 1, 1)
 
 
 class _FixedWaitEnv(environments.Environment):

@@ -143,8 +143,9 @@ def test_config_layouts_read_the_same(family):
 @pytest.mark.parametrize("name", sorted(tiny.REAL_CONFIGS))
 def test_real_checkpoint_configs_read_as_transformers_reads_them(name):
     """Real checkpoints' config.json: the shapes, layer types and windows transformers sees,
-    and per layer the same RoPE frequencies (llama3 and linear scaling included) to 1 ulp:
-    torch's float32 pow is itself 1 ulp off the correctly rounded value in a few places."""
+    and per layer the same RoPE frequencies (llama3 and linear scaling included) to 2 ulp:
+    torch's float32 pow is itself 1-2 ulp off the correctly rounded value in a few places,
+    by the CPU's vector unit (2 on an AVX-512 machine, 2026-12-05)."""
     d = tiny.REAL_CONFIGS[name]
     cfg, hf = config_from_hf(d), transformers.AutoConfig.for_model(**d)
     assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_model, cfg.mlp_dim, cfg.vocab_size) == (
@@ -159,7 +160,7 @@ def test_real_checkpoint_configs_read_as_transformers_reads_them(name):
     inv = tiny.hf_inverse_frequencies(d)
     for i in range(cfg.n_layers):
         np.testing.assert_array_max_ulp(
-            inverse_frequencies(cfg.layer_rope(i), cfg.head_dim), inv[cfg.layer_type(i)].numpy()
+            inverse_frequencies(cfg.layer_rope(i), cfg.head_dim), inv[cfg.layer_type(i)].numpy(), maxulp=2
         )
 
 

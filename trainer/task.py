@@ -24,6 +24,7 @@ from trainer.config import VERTEX_ENV_DEFAULTS, LearnerJobConfig
 from trainer.learning import builder as B
 from trainer.learning.accounting import format_accounting
 from trainer.learning.lockstep import STOP, Lockstep
+from trainer.learning.memory import StepDoesNotFit
 from trainer.learning.run_stats import RunStats
 
 log = logging.getLogger("trainer")
@@ -164,6 +165,9 @@ def main(argv=None) -> int:
         summary = run(cfg)
     except (PermanentError, StoreAccessError) as e:  # no retry can fix these: say which resource
         log.error("stopped: %s", e)
+        return 2
+    except StepDoesNotFit as e:  # refused before it could run out of memory
+        log.error("refused: %s", e)
         return 2
     if not dist.is_primary:
         return 0

@@ -136,8 +136,12 @@ class Attention(nnx.Module):
         offset = positions[:, :, None] - jnp.arange(cache_k.shape[2])[None, None, :]  # [B, P, T]: q - k
         visible = (offset >= 0) & (offset < self.window) if self.window else offset >= 0
         scores = jnp.where(visible[:, None, None], scores, jnp.finfo(scores.dtype).min)
-        y = jnp.einsum("bkgpt,bktd->bpkgd", jax.nn.softmax(scores, axis=-1), cache_v)
-        return self.out(y.reshape(b, p, -1)), cache_k, cache_v
+        # Weights times values as [g * p, T] @ [T, D] per (slot, KV head): the layout XLA:CPU
+        # runs as one fast batched matmul (the output order bpkgd made it a generic dot,
+        # 20x slower per layer at 64 slots); the small result is transposed after.
+        weights = jax.nn.softmax(scores, axis=-1).reshape(b, self.cfg.n_kv_heads, groups * p, -1)
+        y = jnp.einsum("bkqt,bktd->bkqd", weights, cache_v).reshape(b, self.cfg.n_kv_heads, groups, p, -1)
+        return self.out(y.transpose(0, 3, 1, 2, 4).reshape(b, p, -1)), cache_k, cache_v
 
 
 class MLP(nnx.Module):
@@ -182,6 +186,28 @@ class Block(nnx.Module):
         return self._residual_mlp(self._residual_attn(x, h)), cache_k, cache_v
 
 
+def _layer_mask(layer, segment_ids, positions, span, block):
+    """The mask a layer attends under: a Band (banded attention, which applies the layer's
+    window itself) or the dense segment-causal mask, windowed for a sliding layer."""
+    block = None if span is None else band_block(segment_ids.shape[1], span, block)
+    if block is not None:
+        return Band(segment_ids, positions, span, block)
+    mask = segment_causal_mask(segment_ids)
+    return mask & window_mask(positions, layer.attn.window) if layer.attn.window else mask
+
+
+def _remat_layer(layer, x, segment_ids, positions, span, block):
+    """One layer under jax.checkpoint: only its input is saved for the backward pass; the
+    mask is rebuilt inside from the (small, integer) segment ids and positions."""
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x, segment_ids, positions):
+        layer = nnx.merge(graphdef, state)
+        return layer(x, positions, _layer_mask(layer, segment_ids, positions, span, block))
+
+    return jax.checkpoint(run)(state, x, segment_ids, positions)
+
+
 class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -202,11 +228,6 @@ class Transformer(nnx.Module):
             x = x * jnp.asarray(np.float32(self.cfg.d_model**0.5), x.dtype)
         return x
 
-    def _logits(self, x):
-        x = self.final_norm(x)
-        logits = self.embed.attend(x) if self.cfg.tie_embeddings else self.lm_head(x)
-        return logits.astype(jnp.float32)
-
     def __call__(self, tokens, segment_ids, positions, span: int | None = None, block: int | None = None):
         """tokens, segment_ids, positions: int [B, T] -> logits float32 [B, T, vocab].
 
@@ -214,28 +235,41 @@ class Transformer(nnx.Module):
         that it pays, attention is banded (core/policy/banded_attention.py; `block`: its
         query block size, default there): the same logits wherever a token is not padding,
         provided no segment is longer than span. None: the dense segment-causal mask."""
-        block = None if span is None else band_block(tokens.shape[1], span, block)
-        if block is not None:  # each layer applies its own window inside the band
-            mask = sliding = Band(segment_ids, positions, span, block)
-        else:
-            mask = segment_causal_mask(segment_ids)
-            sliding = mask & window_mask(positions, self.cfg.sliding_window) if self.cfg.sliding_window else mask
+        return self.head(self.hidden(tokens, segment_ids, positions, span, block))
+
+    def hidden(self, tokens, segment_ids, positions, span=None, block=None, remat: bool = False):
+        """The final-normed hidden states [B, T, d] that `head` projects to logits (a loss
+        can project them a chunk at a time: core/policy/logprobs.py). remat: each layer's
+        activations are recomputed in the backward pass instead of kept, so a step keeps
+        one [B, T, d] per layer (jax.checkpoint), not every intermediate."""
         x = self._embed(tokens)
         for layer in self.blocks:
-            x = layer(x, positions, sliding if layer.attn.window else mask)
-        return self._logits(x)
+            if remat:
+                x = _remat_layer(layer, x, segment_ids, positions, span, block)
+            else:
+                x = layer(x, positions, _layer_mask(layer, segment_ids, positions, span, block))
+        return self.final_norm(x)
 
-    def decode(self, tokens, start, cache):
+    def head(self, h):
+        """Hidden states [..., d] -> float32 logits [..., vocab]."""
+        logits = self.embed.attend(h) if self.cfg.tie_embeddings else self.lm_head(h)
+        return logits.astype(jnp.float32)
+
+    def decode(self, tokens, start, cache, last=None):
         """KV-cached chunk step: tokens int [B, P] at positions start[b] + 0..P-1;
         cache: a tuple with one (k, v) pair per layer, each [B, H_kv, T, D] (per-layer
         arrays, so a donated cache is updated in place, not re-stacked every step).
-        Returns (logits [B, P, vocab], cache)."""
+        Returns (logits [B, P, vocab], cache); with `last` (int [B]), the logits of chunk
+        position last[b] only, [B, vocab]: a prefill chunk of 64 need not project 64
+        positions onto the vocabulary to sample one token."""
         x = self._embed(tokens)
         new_cache = []
         for block, (k, v) in zip(self.blocks, cache):
             x, k, v = block.decode(x, start, k, v)
             new_cache.append((k, v))
-        return self._logits(x), tuple(new_cache)
+        if last is not None:
+            x = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+        return self.head(self.final_norm(x)), tuple(new_cache)
 
     def init_cache(self, batch: int, length: int, dtype=jnp.float32):
         shape = (batch, self.cfg.n_kv_heads, length, self.cfg.head_dim)

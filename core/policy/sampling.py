@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from core.policy import draw
 from core.policy.config import ModelConfig
 from core.policy.model import abstract_model, split_params
 
@@ -33,7 +34,9 @@ class Sampler:
         seed: int = 0,
         greedy: bool = False,
         prefill_slots: int | None = None,
+        dtype=jnp.float32,
     ):
+        """dtype: the KV cache's (the params' own dtype is whatever the policy source gives)."""
         if length > cfg.max_seq_len:
             raise ValueError(
                 f"sampler length {length} exceeds the model's max_seq_len {cfg.max_seq_len} (lower max_tokens)"
@@ -46,10 +49,11 @@ class Sampler:
         self.prefill_slots = min(prefill_slots or slots, slots)
         model = abstract_model(cfg)  # shapes only: the weights come from the policy store
         self.graphdef, self.abstract_params = split_params(model)
-        self.cache = model.init_cache(slots, length)
+        self.cache = model.init_cache(slots, length, dtype)
         self._key = jax.random.key(seed)
         self._step = jax.jit(functools.partial(_chunk_step, self.graphdef, greedy), donate_argnums=(1,))
         self._rows_step = jax.jit(functools.partial(_rows_step, self.graphdef, greedy), donate_argnums=(1,))
+        self._copy = jax.jit(functools.partial(_copy_rows), donate_argnums=(0,))  # its own cache (count)
 
     def step(self, params, tokens: np.ndarray, start: np.ndarray, n_valid: np.ndarray | None = None):
         """tokens [S, P] (P is 1 or `prefill`), written at positions start[s] + 0..P-1;
@@ -72,24 +76,39 @@ class Sampler:
         nxt, logp, self.cache = self._rows_step(params, self.cache, *args, np.asarray(n_valid, np.int32), key)
         return np.asarray(nxt), np.asarray(logp)
 
+    def copy_rows(self, pairs: list[tuple[int, int]]) -> None:
+        """Each (src, dst): slot dst's cache becomes a copy of slot src's (a group's shared
+        prompt, prefilled once). Up to prefill_slots pairs per call, one compiled shape; a
+        short call repeats its first pair (the same write twice, whatever the order)."""
+        k = self.prefill_slots
+        for i in range(0, len(pairs), k):
+            part = pairs[i : i + k]
+            part = part + [part[0]] * (k - len(part))
+            src, dst = (np.array(x, np.int32) for x in zip(*part))
+            self.cache = self._copy(self.cache, src, dst)
+
     def warmup(self, params) -> None:
         """Compiles the decode step and the catch-up step up front, so no episode pays for
         compilation (the engine runs only these two shapes)."""
         self.step(params, np.zeros((self.slots, 1), np.int32), np.zeros(self.slots), np.zeros(self.slots))
         k = self.prefill_slots
         self.prefill_rows(params, np.arange(k), np.zeros((k, self.prefill), np.int32), np.zeros(k), np.zeros(k))
+        self.cache = self._copy(self.cache, np.zeros(k, np.int32), np.zeros(k, np.int32))
 
     def compiled_variants(self) -> int:
-        return self._step._cache_size() + self._rows_step._cache_size()
+        return self._step._cache_size() + self._rows_step._cache_size() + self._copy._cache_size()
 
 
 def _chunk_step(graphdef, greedy, params, cache, tokens, start, n_valid, key):
-    logits, cache = nnx.merge(graphdef, params).decode(tokens, start, cache)
     last = jnp.clip(n_valid - 1, 0, tokens.shape[1] - 1)
-    logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # [S, vocab]
-    nxt = jnp.argmax(logits, axis=-1) if greedy else jax.random.categorical(key, logits, axis=-1)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), nxt[:, None], axis=-1)[:, 0]
-    return nxt.astype(jnp.int32), logp, cache
+    logits, cache = nnx.merge(graphdef, params).decode(tokens, start, cache, last=last)  # [S, vocab]
+    nxt, logp = draw.greedy(logits) if greedy else draw.sample(logits, key)
+    return nxt, logp, cache
+
+
+def _copy_rows(cache, src, dst):
+    """Cache rows src copied onto rows dst (padding pairs copy a row onto itself: a no-op)."""
+    return tuple((k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in cache)
 
 
 def _rows_step(graphdef, greedy, params, cache, rows, tokens, start, n_valid, key):

@@ -37,6 +37,7 @@ from localstack.reports.summary import DemoSummary, print_summary
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
+from trainer.learning.gradients import ComputeConfig
 
 TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
 
@@ -134,6 +135,12 @@ def _layout(cfg: DemoConfig) -> dict:
     return {leaf.flag: config.get(cfg.layout, leaf.path) for leaf in config.leaves(LayoutConfig)}
 
 
+def _compute(cfg: DemoConfig) -> dict:
+    """The learner's memory settings, which the planner's measurement of its step takes too."""
+    compute = cfg.learner.learner.compute
+    return {leaf.flag: config.get(compute, leaf.path) for leaf in config.leaves(ComputeConfig)}
+
+
 def cpu_set(text: str | None) -> set[int] | None:
     return {int(c) for c in text.split(",")} if text else None
 
@@ -158,7 +165,10 @@ def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
             model_config=cfg.model_config,
             model=cfg.model,
             out=str(path),
+            lora_rank=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
             **_layout(cfg),
+            **_compute(cfg),
         )
         with ProcessGroup(plan_command(plan_cfg), workdir / "plan.log", env, cpus=cpu_set(cfg.learner_cpus)) as planner:
             wait_for(planner, 300, "planner")
@@ -251,7 +261,7 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
                 progress.update("training")
                 time.sleep(0.5)
             if learner.poll() != 0:
-                raise DemoFailed(f"learner exited with {learner.poll()}:\n{learner.log_tail()}")
+                raise DemoFailed(f"learner {learner.exit_description()}:\n{learner.log_tail()}")
             if problems := cluster.wait_followers(learners[1:], 120):
                 raise DemoFailed("\n".join(problems))
             if evaluating:  # score the final version too, then stop
@@ -304,7 +314,7 @@ def wait_for(proc: ProcessGroup, timeout_s: float, name: str, tick=lambda: None)
         tick()
         time.sleep(0.5)
     if proc.poll() != 0:
-        raise DemoFailed(f"{name} exited with {proc.poll()}:\n{proc.log_tail()}")
+        raise DemoFailed(f"{name} {proc.exit_description()}:\n{proc.log_tail()}")
 
 
 class Stopped(BaseException):

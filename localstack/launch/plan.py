@@ -31,11 +31,13 @@ from core import config
 from core.config import knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.chat_format import ChatFormat, chat_format_for
+from core.policy.lora import LoraConfig
 from core.policy.sources import MODEL_HELP, policy_spec
 from rollout.engine_config import EngineConfig
 from trainer.config import LearnerJobConfig
 from trainer.learning.capacity import Measurements, make_plan
 from trainer.learning.feeder import CreditConfig
+from trainer.learning.gradients import ComputeConfig
 from trainer.learning.learner import LearnerConfig
 
 DEFAULT_PIPELINE_S = 1.0  # request publish + bundle + commit + record publish + poll (docs/BENCHMARKS.md)
@@ -69,6 +71,8 @@ class PlanConfig:
     model: str | None = knob(None, MODEL_HELP)
     out: str | None = knob(None, "write the plan here as JSON")
     layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same on both sides")
+    compute: ComputeConfig = section(ComputeConfig, help="the learner step's memory settings (the learner's)")
+    lora: LoraConfig = section(LoraConfig, "lora_", "LoRA adapters of the learner's step (rank 0: full fine-tuning)")
 
 
 def parse_config(argv) -> PlanConfig:
@@ -181,9 +185,20 @@ def synthetic_trajectory(request_id: str, i: int, n: int, finished_at: float = 0
     )
 
 
-def measure_learner(layout, batch_records: int, lengths: list[int], steps: int, cfg, banded: bool = True) -> dict:
+def measure_learner(
+    layout,
+    batch_records: int,
+    lengths: list[int],
+    steps: int,
+    cfg,
+    banded: bool = True,
+    compute: ComputeConfig | None = None,
+    lora: LoraConfig | None = None,
+) -> dict:
     """The packer's records for these lengths, and the learner's step on them (banded: as the
-    job's learner, attention within a trajectory's span; else dense over the row)."""
+    job's learner, attention within a trajectory's span; else dense over the row), with the
+    learner's memory settings and LoRA: the step the run will take, refused before it runs
+    if it cannot fit (trainer/learning/memory.py)."""
     from pipelines.packing import pack
     from trainer.learning.learner import Learner
 
@@ -198,7 +213,8 @@ def measure_learner(layout, batch_records: int, lengths: list[int], steps: int, 
     fill = statistics.fmean(r.num_tokens / (shape.rows * shape.seq_len) for r in records)
     per_record = statistics.fmean(len(r.trajectories) for r in records)
     span = layout.trajectory_len if banded else None  # as builder.make_learner
-    learner = Learner(cfg, LearnerConfig(batch_records=batch_records), span=span)
+    lcfg = LearnerConfig(batch_records=batch_records, compute=compute or ComputeConfig(), lora=lora or LoraConfig())
+    learner = Learner(cfg, lcfg, span=span)
     batch = [records[i % len(records)] for i in range(batch_records)]
     learner.train_step(batch)  # compile
     times = []
@@ -220,7 +236,10 @@ def run(cfg: PlanConfig) -> dict:
     spec = policy_spec(cfg.model, cfg.model_config)
     env = measure_environment(cfg.env, cfg.tool_latency, cfg.episodes, chat_format_for(spec.tokenizer), cfg.env_config)
     engine = measure_engine(cfg.engine_slots, layout.trajectory_len, spec.cfg)
-    learner = measure_learner(layout, cfg.batch_records, env.pop("lengths"), cfg.learner_steps, spec.cfg)
+    lengths = env.pop("lengths")
+    learner = measure_learner(
+        layout, cfg.batch_records, lengths, cfg.learner_steps, spec.cfg, compute=cfg.compute, lora=cfg.lora
+    )
     generation_s = env["generated_per_episode"] * engine["step_s"]
     engine_rate = engine["tokens_per_s"] / env["generated_per_episode"]
     m = Measurements(

@@ -26,6 +26,29 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def group_rss_bytes(pgid: int) -> int:
+    """Resident memory of every process in the group (VmRSS summed; 0 once all are gone)."""
+    total = 0
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue  # the process exited while we looked
+    return total
+
+
+def machine_memory_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 _watchdog = None  # this process's localstack.launch.watchdog.Watchdog, once started
 
 
@@ -89,6 +112,9 @@ class ProcessGroup:
         self.cmd, self.log_path, self.env, self.cwd = cmd, Path(log_path), env, cwd
         self.cpus = cpus  # pin the child (and all it starts) to these cores
         self.proc: subprocess.Popen | None = None
+        # The group's resident memory at the last poll while it ran, and the most seen: what
+        # a process killed by the OS (out of memory) had reached.
+        self.last_rss = self.peak_rss = 0
 
     def start(self) -> ProcessGroup:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +139,32 @@ class ProcessGroup:
         return self.proc.pid if self.proc else None
 
     def poll(self) -> int | None:
-        return self.proc.poll() if self.proc else None
+        if self.proc is None:
+            return None
+        code = self.proc.poll()
+        if code is None:
+            rss = group_rss_bytes(self.proc.pid)
+            if rss:
+                self.last_rss, self.peak_rss = rss, max(self.peak_rss, rss)
+        return code
+
+    def exit_description(self) -> str:
+        """How the process ended, in words: a SIGKILL nobody here sent is most likely the
+        OS's out-of-memory killer, so it is named with the memory the group last held."""
+        code = self.poll()
+        if code is None:
+            return "still running"
+        if code >= 0:
+            return f"exited with {code}"
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+        text = f"was killed by {name} ({code})"
+        if code == -signal.SIGKILL:
+            last, peak, total = (x / 1e9 for x in (self.last_rss, self.peak_rss, machine_memory_bytes()))
+            text += (
+                f": most likely the OS's out-of-memory killer: its last resident memory was {last:.1f} GB "
+                f"(peak {peak:.1f} GB) of this machine's {total:.1f} GB"
+            )
+        return text
 
     def log_tail(self, n_chars: int = 4000) -> str:
         try:

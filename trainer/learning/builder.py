@@ -83,6 +83,18 @@ def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
         spec.cfg, cfg.learner, mesh, model=model, span=cfg.record_layout.trajectory_len, total_steps=cfg.max_steps
     )
     learner.tokenizer, learner.tokenizer_source = spec.tokenizer, spec.tokenizer_source
+    # The one compile the run's record shape needs, now: a step that cannot fit in memory is
+    # refused with the numbers before the warm start (trainer/learning/memory.py).
+    shape = cfg.record_layout.largest
+    found = learner.compile_for(cfg.learner.batch_records * shape.rows, shape.seq_len)
+    log.info(
+        "train step at %dx%d: %.2f GB resident, %.2f GB more while it runs, %s free",
+        cfg.learner.batch_records * shape.rows,
+        shape.seq_len,
+        found.resident_bytes / 1e9,
+        found.extra_bytes / 1e9,
+        "?" if found.free_bytes is None else f"{found.free_bytes / 1e9:.1f} GB",
+    )
     return learner
 
 
@@ -146,7 +158,15 @@ def restore_or_initialise(
         demos = environments.make_tasks(env, task_seed + 1, warmstart.tasks, "train", env_config)
         fmt = chat_format_for(learner.tokenizer)  # demonstrations in the model's own format
         learner.params, losses = warm_start(
-            learner.graphdef, learner.params, env, demos, warmstart, fmt, learner.frozen, env_config
+            learner.graphdef,
+            learner.params,
+            env,
+            demos,
+            warmstart,
+            fmt,
+            learner.frozen,
+            env_config,
+            compute=learner.cfg.compute,
         )
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
     if learner.cfg.loss.kl_coef > 0:

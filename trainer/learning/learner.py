@@ -18,11 +18,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from core.config import knob, section
-from core.contracts.records import PackedRecord
+from core.contracts.records import ARRAY_SPECS, PackedRecord
 from core.policy.config import ModelConfig
+from core.policy.logprobs import token_logprobs_and_entropy
 from core.policy.lora import LoraConfig, add_lora, merge, split_lora
-from core.policy.model import Transformer, init_model, split_params, token_logprobs
-from trainer.learning import losses, sharding
+from core.policy.model import Transformer, init_model, split_params
+from trainer.learning import gradients, losses, memory, sharding
+from trainer.learning.gradients import ComputeConfig
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_logprobs", "advantages")
 
@@ -47,6 +49,7 @@ class LearnerConfig:
     publish_every: int = knob(5, "learner steps between policy versions")
     seed: int = knob(0, "the initial params' seed (and the warm start's)")
     loss: losses.LossConfig = section(losses.LossConfig)
+    compute: ComputeConfig = section(ComputeConfig, help="memory against compute in a step")
     lora: LoraConfig = section(LoraConfig, "lora_", "LoRA adapters (rank 0: full fine-tuning)")
 
     def __post_init__(self):
@@ -84,16 +87,21 @@ def batch_from_records(records: list[PackedRecord]) -> dict[str, np.ndarray]:
     return {f: np.concatenate([getattr(r, f) for r in records], axis=0) for f in BATCH_FIELDS}
 
 
-def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch, frozen=None, span=None):
-    def logprobs(p):  # the policy and the KL reference: the same (banded, with span) attention
-        logits = _merged(graphdef, p, frozen)(batch["tokens"], batch["segment_ids"], batch["positions"], span=span)
-        return logits, token_logprobs(logits, batch["tokens"])
+def _loss_fn(graphdef, cfg: losses.LossConfig, compute: ComputeConfig, remat, span, frozen, params, ref_params, batch):
+    """The RL loss of one micro-batch, normalised by the whole batch's totals (in `batch`)."""
+    tokens = batch["tokens"]
 
-    logits, logp = logprobs(params)
+    def logprobs(p):  # the policy and the KL reference: the same (banded, with span) attention
+        model = _merged(graphdef, p, frozen)
+        hidden = model.hidden(tokens, batch["segment_ids"], batch["positions"], span=span, remat=remat)
+        return token_logprobs_and_entropy(model.head, hidden, tokens, compute.logit_chunk)
+
+    logp, entropy = logprobs(params)
     # One update per batch: the proximal policy (params before this update) is these params.
     proximal = jax.lax.stop_gradient(logp) if cfg.needs_proximal else None
-    ref = jax.lax.stop_gradient(logprobs(ref_params)[1]) if cfg.kl_coef > 0 else None
+    ref = jax.lax.stop_gradient(logprobs(ref_params)[0]) if cfg.kl_coef > 0 else None
     mask = batch["loss_mask"].astype(np.float32)
+    totals = batch["totals"]
     loss, metrics = losses.policy_loss(
         logp,
         batch["behaviour_logprobs"],
@@ -103,8 +111,9 @@ def _loss_fn(graphdef, cfg: losses.LossConfig, params, ref_params, batch, frozen
         cfg,
         proximal_logp=proximal,
         ref_logp=ref,
+        totals=totals,
     )
-    metrics["losses/entropy"] = losses.entropy(logits, mask)
+    metrics["losses/entropy"] = losses.masked_mean(entropy, mask, totals["tokens"])
     return loss, metrics
 
 
@@ -113,15 +122,35 @@ def _merged(graphdef, params, frozen):
     return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
 
 
-def _train_step(graphdef, tx, cfg, params, opt_state, ref_params, batch, frozen=None, span=None):
-    grad_fn = jax.value_and_grad(functools.partial(_loss_fn, graphdef, cfg, span=span), has_aux=True)
-    (loss, metrics), grads = grad_fn(params, ref_params, batch, frozen)
-    updates, new_opt_state = tx.update(grads, opt_state, params)
+def _grads(graphdef, cfg, compute, remat, span, params, ref_params, batch, frozen=None):
+    """((loss, metrics), grads) of the batch, in the micro-batches its shape asks for."""
+    rows, seq_len = batch["tokens"].shape
+    micro = compute.micro_batches_for(rows, seq_len, remat)
+    totals = losses.batch_totals(batch["loss_mask"], batch["segment_ids"], cfg.max_segments)
+    # Every micro-batch divides by the whole batch's totals (a copy per row: the scan
+    # slices every leaf of the batch along its rows).
+    batch = {**batch, "totals": jax.tree.map(lambda x: jnp.broadcast_to(x, (rows,)), totals)}
+
+    def loss_fn(p, part):
+        part = {**part, "totals": jax.tree.map(lambda x: x[0], part["totals"])}
+        return _loss_fn(graphdef, cfg, compute, remat, span, frozen, p, ref_params, part)
+
+    return gradients.value_and_grad(loss_fn, params, batch, micro)
+
+
+def _train_step(graphdef, tx, cfg, compute, remat, span, params, opt_state, ref_params, batch, frozen=None):
+    (loss, metrics), grads = _grads(graphdef, cfg, compute, remat, span, params, ref_params, batch, frozen)
     # A non-finite loss or gradient (logits overflowing, say) must not reach the weights:
-    # skip the update, keep the optimizer state, count it.
+    # skip the update, keep the optimizer state, count it. A cond, not a select over the
+    # trees: a select holds the old and the new params and moments at once (1 GB more at 135 M).
     ok = losses.all_finite(loss, grads)
-    new_params = jax.tree.map(lambda n, o: jnp.where(ok, n, o), optax.apply_updates(params, updates), params)
-    new_opt_state = jax.tree.map(lambda n, o: jnp.where(ok, n, o), new_opt_state, opt_state)
+
+    def update(state):
+        params, opt_state = state
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    new_params, new_opt_state = jax.lax.cond(ok, update, lambda state: state, (params, opt_state))
     metrics["losses/grad_norm"] = optax.tree.norm(grads)
     metrics["losses/skipped_nonfinite"] = 1.0 - ok.astype(jnp.float32)
     return new_params, new_opt_state, metrics
@@ -156,7 +185,8 @@ class Learner:
             (self.graphdef, params), frozen = split_params(model), None
         lr = self.learning_rate = learning_rate_schedule(cfg, total_steps)
         tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(lr, weight_decay=cfg.weight_decay))
-        step = functools.partial(_train_step, self.graphdef, tx, cfg.loss, span=span)
+        self.remat = cfg.compute.remat_for(gradients.n_params(params) + gradients.n_params(frozen))
+        step = functools.partial(_train_step, self.graphdef, tx, cfg.loss, cfg.compute, self.remat, span)
         self.ref_params = None  # set once by set_reference(); only read when kl_coef > 0
         self.skipped_nonfinite = 0
         if mesh is None:
@@ -180,21 +210,48 @@ class Learner:
             self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, opt_shardings, None))
         self._shardings = None if mesh is None else shardings
         self.steps = 0
-        self._flops: dict[tuple, float] = {}  # per batch shape, from XLA's cost analysis
+        # Per batch shape: the compiled step, checked against free memory before it first
+        # runs, its FLOPs (XLA's cost analysis) and memory (XLA's memory analysis).
+        self._compiled: dict[tuple, object] = {}
+        self._flops: dict[tuple, float] = {}
+        self.memory: dict[tuple, memory.StepMemory] = {}
+
+    def _executable(self, batch: dict):
+        """The step compiled for this batch's shape, once; refused (memory.StepDoesNotFit)
+        before it ever runs if it cannot fit in the memory that is free."""
+        key = batch["tokens"].shape
+        if key not in self._compiled:
+            # Before set_reference (compile_for at start-up) the reference has the params' shapes.
+            ref = self._reference() if self.ref_params is not None or not self.cfg.loss.kl_coef else self.params
+            compiled = self._step.lower(self.params, self.opt_state, ref, batch, self.frozen).compile()
+            rows, seq_len = key
+            micro = self.cfg.compute.micro_batches_for(rows, seq_len, self.remat)
+            hint = (
+                f"lower the rows per step ({rows} = batch_records x rows) or raise --micro_batches (now {micro}, "
+                f"remat {'on' if self.remat else 'off'})"
+            )
+            self.memory[key] = memory.check_step(compiled, f"the learner step at {rows}x{seq_len}", hint)
+            cost = compiled.cost_analysis()
+            cost = cost[0] if isinstance(cost, list) else cost
+            self._flops[key] = float((cost or {}).get("flops", 0.0)) * (self.mesh.size if self.mesh else 1)
+            self._compiled[key] = compiled
+        return self._compiled[key]
+
+    def compile_for(self, rows: int, seq_len: int) -> memory.StepMemory:
+        """Compiles the step for batches of rows x seq_len now (the one compile a run of that
+        shape needs) and checks it against free memory: memory.StepDoesNotFit, with the
+        numbers, before any step or warm start has run."""
+        batch = {f: np.zeros((rows, seq_len), ARRAY_SPECS[f].newbyteorder("=")) for f in BATCH_FIELDS}
+        if self._batch_sharding is not None:
+            batch = jax.device_put(batch, self._batch_sharding)
+        self._executable(batch)
+        return self.memory[(rows, seq_len)]
 
     def step_flops(self, records: list[PackedRecord]) -> float:
         """FLOPs of one compiled step for this batch shape (all devices), measured once."""
-        key = (len(records) * records[0].shape[0], records[0].shape[1])
-        if key not in self._flops:  # the batch is only built (and lowered) once per shape
-            batch = batch_from_records(records)
-            cost = (
-                self._step.lower(self.params, self.opt_state, self._reference(), batch, self.frozen)
-                .compile()
-                .cost_analysis()
-            )
-            cost = cost[0] if isinstance(cost, list) else cost
-            self._flops[key] = float(cost.get("flops", 0.0)) * (self.mesh.size if self.mesh else 1)
-        return self._flops[key]
+        batch = batch_from_records(records)
+        self._executable(batch)
+        return self._flops[batch["tokens"].shape]
 
     def train_step(self, records: list[PackedRecord]) -> dict[str, float]:
         if len(records) != self.cfg.batch_records:
@@ -208,9 +265,8 @@ class Learner:
             )
         if self._batch_sharding is not None:
             batch = jax.device_put(batch, self._batch_sharding)
-        self.params, self.opt_state, metrics = self._step(
-            self.params, self.opt_state, self._reference(), batch, self.frozen
-        )
+        step = self._executable(batch)
+        self.params, self.opt_state, metrics = step(self.params, self.opt_state, self._reference(), batch, self.frozen)
         out = {k: float(v) for k, v in metrics.items()}
         # The rate this step used (Adam's count: self.steps, as no step was skipped).
         out["optimizer/learning_rate"] = float(
@@ -219,6 +275,15 @@ class Learner:
         self.steps += 1
         self.skipped_nonfinite += int(out["losses/skipped_nonfinite"])
         return out
+
+    def loss_and_grads(self, records: list[PackedRecord]):
+        """((loss, metrics), grads) of a batch under the current params, with no update: the
+        step's own path (micro-batches, remat, chunked log-probs), for tests and diagnostics."""
+        fn = functools.partial(_grads, self.graphdef, self.cfg.loss, self.cfg.compute, self.remat, self.span)
+        batch = batch_from_records(records)
+        if self._batch_sharding is not None:
+            batch = jax.device_put(batch, self._batch_sharding)
+        return jax.jit(fn)(self.params, self._reference(), batch, self.frozen)
 
     def set_reference(self, params) -> None:
         """The KL reference policy, loaded once at start (a copy: the step donates params).
@@ -249,4 +314,4 @@ class Learner:
         return nnx.to_pure_dict(nnx.state(merge(self.model_of(self.params)), nnx.Param))
 
     def compiled_variants(self) -> int:
-        return self._step._cache_size()
+        return len(self._compiled) + self._step._cache_size()

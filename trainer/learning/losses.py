@@ -38,10 +38,22 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 # ----------------------------------------------------------------------------- 2. aggregation
-def masked_mean(x, mask):
-    """Mean of x over mask; 0 (not NaN) when the mask is empty."""
+def masked_mean(x, mask, total=None):
+    """Mean of x over mask; 0 (not NaN) when the mask is empty. total: the denominator (the
+    masked tokens of the whole batch when x is one micro-batch of it: the micro-batches'
+    results then sum to the whole batch's)."""
     mask = mask > 0
-    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+    count = jnp.sum(mask) if total is None else total
+    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(count, 1)
+
+
+def batch_totals(mask, segment_ids, max_segments: int) -> dict:
+    """The whole batch's denominators: masked tokens, and sequences with a masked token.
+    A micro-batch's loss divided by these (not its own) sums to the whole batch's loss, so
+    accumulated gradients equal the whole batch's."""
+    mask = mask > 0
+    present = per_sequence_sum(mask.astype(jnp.float32), segment_ids, max_segments) > 0
+    return {"tokens": jnp.sum(mask).astype(jnp.float32), "sequences": jnp.sum(present).astype(jnp.float32)}
 
 
 def segment_one_hot(segment_ids, max_segments: int):
@@ -57,7 +69,13 @@ def per_sequence_sum(x, segment_ids, max_segments: int):
 
 
 def aggregate(
-    per_token, mask, segment_ids=None, mode: str = "token-mean", max_segments: int = 8, norm_len: float | None = None
+    per_token,
+    mask,
+    segment_ids=None,
+    mode: str = "token-mean",
+    max_segments: int = 8,
+    norm_len: float | None = None,
+    totals: dict | None = None,
 ):
     """Reduce a per-token loss [N, T] to a scalar over the masked tokens.
 
@@ -66,7 +84,8 @@ def aggregate(
     seq-mean-token-sum   mean over sequences of each sequence's token sum, divided by the
                          constant norm_len if given (Dr. GRPO uses the max response length)
     Sequences without a masked token do not count. An empty mask gives 0, and a 0
-    gradient, never NaN.
+    gradient, never NaN. totals (batch_totals of the whole batch): divide by its counts,
+    for a micro-batch of that batch.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
@@ -75,7 +94,7 @@ def aggregate(
     mask = mask > 0
     x = jnp.where(mask, per_token, 0.0)
     if mode == "token-mean":
-        return jnp.sum(x) / jnp.maximum(jnp.sum(mask), 1)
+        return jnp.sum(x) / jnp.maximum(jnp.sum(mask) if totals is None else totals["tokens"], 1)
     if segment_ids is None:
         raise ValueError(f"aggregation {mode!r} needs segment_ids")
     seq_sum = per_sequence_sum(x, segment_ids, max_segments)  # [N, S]
@@ -85,7 +104,8 @@ def aggregate(
     else:
         per_seq = seq_sum if norm_len is None else seq_sum / norm_len
     present = seq_len > 0
-    return jnp.sum(jnp.where(present, per_seq, 0.0)) / jnp.maximum(jnp.sum(present), 1)
+    count = jnp.sum(present) if totals is None else totals["sequences"]
+    return jnp.sum(jnp.where(present, per_seq, 0.0)) / jnp.maximum(count, 1)
 
 
 # ----------------------------------------------------------------------------- 3. KL estimators
@@ -173,7 +193,15 @@ def sequence_mean_per_token(x, mask, segment_ids, max_segments: int):
 
 
 def policy_loss(
-    logp, behaviour_logp, advantages, mask, segment_ids, cfg: LossConfig, proximal_logp=None, ref_logp=None
+    logp,
+    behaviour_logp,
+    advantages,
+    mask,
+    segment_ids,
+    cfg: LossConfig,
+    proximal_logp=None,
+    ref_logp=None,
+    totals: dict | None = None,
 ):
     """The policy loss of cfg.algorithm, aggregated by cfg.aggregation, plus
     cfg.kl_coef * aggregate(kl_penalty(logp, ref_logp)). Returns (loss, metrics).
@@ -189,6 +217,8 @@ def policy_loss(
                    then taken against pi_prox for any algorithm (ppo + tis_cap is decoupled
                    PPO with a capped weight, as in Yao et al. on sampler/learner mismatch).
     Diagnostics use token means over the mask, whatever the aggregation.
+    totals: batch_totals of the whole batch when these arrays are one micro-batch of it:
+    the loss and the mean diagnostics are then this part's share (they sum over the parts).
     """
     shapes = {a.shape for a in (logp, behaviour_logp, advantages, mask) if a is not None}
     for extra in (segment_ids, proximal_logp, ref_logp):
@@ -212,7 +242,9 @@ def policy_loss(
         mode=cfg.aggregation,
         max_segments=cfg.max_segments,
         norm_len=cfg.norm_len,
+        totals=totals,
     )
+    mean = functools.partial(masked_mean, total=None if totals is None else totals["tokens"])
 
     def log_ratio(a, b):  # masked, clamped log(a / b)
         return jnp.clip(jnp.where(mask, a - b, 0.0), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -222,10 +254,10 @@ def policy_loss(
     if cfg.needs_proximal:
         anchor_logp = jax.lax.stop_gradient(proximal_logp)
         behaviour_weight = jnp.exp(log_ratio(anchor_logp, behaviour_logp))  # pi_prox / mu
-        metrics["losses/behaviour_weight_mean"] = masked_mean(behaviour_weight, mask)
+        metrics["losses/behaviour_weight_mean"] = mean(behaviour_weight, mask)
         metrics["losses/behaviour_weight_max"] = jnp.max(jnp.where(mask, behaviour_weight, 0.0))
         if cfg.tis_cap is not None:
-            metrics["losses/tis_capfrac"] = masked_mean(behaviour_weight > cfg.tis_cap, mask)
+            metrics["losses/tis_capfrac"] = mean(behaviour_weight > cfg.tis_cap, mask)
             behaviour_weight = jnp.minimum(behaviour_weight, cfg.tis_cap)
     else:
         anchor_logp, behaviour_weight = behaviour_logp, 1.0
@@ -260,9 +292,9 @@ def policy_loss(
         {
             "losses/policy_loss": pg_loss,
             "losses/total_loss": loss,
-            "losses/approx_kl": masked_mean(jnp.expm1(behaviour_log_ratio) - behaviour_log_ratio, mask),
-            "losses/clipfrac": masked_mean(out_of_range, mask),
-            "losses/importance_weight_mean": masked_mean(ratio, mask),
+            "losses/approx_kl": mean(jnp.expm1(behaviour_log_ratio) - behaviour_log_ratio, mask),
+            "losses/clipfrac": mean(out_of_range, mask),
+            "losses/importance_weight_mean": mean(ratio, mask),
             "losses/importance_weight_max": jnp.max(jnp.where(mask, ratio, 0.0)),
         }
     )

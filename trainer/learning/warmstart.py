@@ -21,6 +21,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -29,8 +30,10 @@ import environments
 from core.config import derived, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy.chat_format import ChatFormat, chat_format_for
-from core.policy.model import token_logprobs
+from core.policy.logprobs import token_logprobs_and_entropy
 from core.policy.tokenizer import BYTE_TOKENIZER
+from trainer.learning import gradients, memory
+from trainer.learning.gradients import ComputeConfig
 
 SCHEDULES = ("constant", "cosine")
 DIRECT_AT = ("first_turn", "any_turn")
@@ -183,14 +186,26 @@ def oracle_rows(
     return out
 
 
-def _sft_step(graphdef, tx, params, opt_state, frozen, batch):
-    def loss_fn(p):
-        model = nnx.merge(graphdef, p) if frozen is None else nnx.merge(graphdef, p, frozen)
-        logits = model(batch["tokens"], batch["segment_ids"], batch["positions"])
-        mask = batch["loss_mask"].astype(np.float32)
-        return -(token_logprobs(logits, batch["tokens"]) * mask).sum() / mask.sum()
+def _sft_loss(graphdef, frozen, remat: bool, chunk: int, params, batch):
+    """Negative log-likelihood of the demonstrated actions: one micro-batch's share of the
+    whole batch's token mean (`total`: the whole batch's loss tokens)."""
+    model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
+    tokens = batch["tokens"]
+    hidden = model.hidden(tokens, batch["segment_ids"], batch["positions"], remat=remat)
+    logp, _ = token_logprobs_and_entropy(model.head, hidden, tokens, chunk)
+    mask = batch["loss_mask"].astype(np.float32)
+    return -(logp * mask).sum() / batch["total"][0], {}
 
-    loss, grads = jax.value_and_grad(loss_fn)(params)
+
+def _sft_step(graphdef, tx, compute: ComputeConfig, remat: bool, params, opt_state, frozen, batch):
+    """One supervised step on the learner's path (trainer/learning/gradients.py): remat,
+    log-probs in chunks, micro-batches."""
+    rows, seq_len = batch["tokens"].shape
+    total = jnp.maximum(batch["loss_mask"].sum(), 1).astype(jnp.float32)
+    batch = {**batch, "total": jnp.broadcast_to(total, (rows,))}
+    loss_fn = functools.partial(_sft_loss, graphdef, frozen, remat, compute.logit_chunk)
+    micro = compute.micro_batches_for(rows, seq_len, remat)
+    (loss, _), grads = gradients.value_and_grad(loss_fn, params, batch, micro)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
@@ -204,10 +219,13 @@ def warm_start(
     fmt: ChatFormat | None = None,
     frozen=None,
     env_config: dict | None = None,
+    compute: ComputeConfig | None = None,
 ):
     """Returns (params, [loss per step]) after cfg.steps supervised steps on oracle rows in
     the chat format `fmt`. With LoRA, `params` are the adapter's and `frozen` the base's:
-    only the adapter learns."""
+    only the adapter learns; `params` are donated (their arrays are consumed: use the ones
+    returned). compute: the learner's memory settings (the same path as its
+    RL step); the step is refused before it runs if it cannot fit in free memory."""
     data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at, fmt, env_config)
     lr = cfg.learning_rate
     if cfg.schedule == "cosine":
@@ -216,11 +234,19 @@ def warm_start(
         lr = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(cfg.steps, warmup + 1), 0.0)
     tx = optax.adam(lr)
     opt_state = tx.init(params)
-    step = jax.jit(functools.partial(_sft_step, graphdef, tx))
+    compute = compute or ComputeConfig()
+    remat = compute.remat_for(gradients.n_params(params) + gradients.n_params(frozen))
+    step = jax.jit(functools.partial(_sft_step, graphdef, tx, compute, remat), donate_argnums=(0, 1))
     rng = np.random.default_rng(cfg.seed)
-    losses = []
-    for _ in range(cfg.steps):
-        idx = rng.integers(0, len(tasks), cfg.batch_rows)
-        params, opt_state, loss = step(params, opt_state, frozen, {k: v[idx] for k, v in data.items()})
+    batches = ({k: v[rng.integers(0, len(tasks), cfg.batch_rows)] for k, v in data.items()} for _ in range(cfg.steps))
+    losses, compiled = [], None
+    for batch in batches:
+        if compiled is None:  # one shape: compiled once, checked against free memory first
+            compiled = step.lower(params, opt_state, frozen, batch).compile()
+            rows, seq_len = batch["tokens"].shape
+            micro = compute.micro_batches_for(rows, seq_len, remat)
+            hint = f"lower --warmstart_batch (now {rows}) or raise --micro_batches (now {micro})"
+            memory.check_step(compiled, f"the warm-start step at {rows}x{seq_len}", hint)
+        params, opt_state, loss = compiled(params, opt_state, frozen, batch)
         losses.append(float(loss))
     return params, losses

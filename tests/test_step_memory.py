@@ -1,0 +1,193 @@
+"""A step within memory, computing what the plain step computes: log-probs in chunks equal
+the plain log-softmax, a rematerialised step equals the plain one, micro-batched gradients
+equal the whole batch's (every loss), and a step that cannot fit is refused before it runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _learner_data import random_record
+from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.policy.config import ModelConfig
+from core.policy.logprobs import token_logprobs_and_entropy
+from core.policy.model import init_model, token_logprobs
+from localstack.launch.processes import ProcessGroup
+from trainer.learning import losses, memory
+from trainer.learning.gradients import ComputeConfig
+from trainer.learning.learner import Learner, LearnerConfig
+
+CFG = ModelConfig(max_seq_len=64, vocab_size=300)
+
+
+@settings(max_examples=8, deadline=None)  # each shape compiles: a few, varied
+@given(
+    rows=st.integers(1, 3),
+    t=st.integers(2, 40),
+    chunk=st.integers(1, 64),
+    seed=st.integers(0, 2**16),
+    tied=st.booleans(),
+)
+def test_chunked_log_probs_and_entropy_equal_the_plain_log_softmax(rows, t, chunk, seed, tied):
+    rng = np.random.default_rng(seed)
+    vocab, d = 37, 8
+    w = jnp.asarray(rng.normal(size=(d, vocab)) * 3, jnp.float32)
+    hidden = jnp.asarray(rng.normal(size=(rows, t, d)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, vocab, (rows, t)), jnp.int32)
+    head = (lambda h: h @ w) if tied else (lambda h: (h @ w).astype(jnp.float32))
+    logp, ent = token_logprobs_and_entropy(head, hidden, tokens, chunk)
+    logits = head(hidden)
+    np.testing.assert_allclose(logp, token_logprobs(logits, tokens), rtol=1e-5, atol=1e-5)
+    plain = jax.nn.log_softmax(logits[:, :-1], -1)
+    want = -jnp.sum(jnp.exp(plain) * plain, -1)
+    np.testing.assert_allclose(ent[:, 1:], want, rtol=1e-4, atol=1e-4)  # a metric, not a gradient
+    assert np.all(np.asarray(logp[:, 0]) == 0) and np.all(np.asarray(ent[:, 0]) == 0)
+
+
+def test_chunked_log_prob_gradients_equal_the_plain_ones():
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.normal(size=(8, 37)), jnp.float32)
+    hidden = jnp.asarray(rng.normal(size=(2, 20, 8)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, 37, (2, 20)), jnp.int32)
+    chunked = jax.grad(lambda w, h: token_logprobs_and_entropy(lambda x: x @ w, h, tokens, 7)[0].sum(), (0, 1))
+    plain = jax.grad(lambda w, h: token_logprobs(h @ w, tokens).sum(), (0, 1))
+    for a, b in zip(chunked(w, hidden), plain(w, hidden)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _grads(compute: ComputeConfig, loss: losses.LossConfig | None = None, records=None):
+    loss = loss or losses.LossConfig(max_segments=3)
+    lcfg = LearnerConfig(batch_records=2, compute=compute, loss=loss)
+    learner = Learner(CFG, lcfg, model=init_model(CFG, 0))
+    if loss.kl_coef:
+        learner.set_reference(jax.tree.map(lambda x: x * 0.9, learner.params))
+    (value, metrics), grads = learner.loss_and_grads(
+        records or [random_record(1, vocab=300), random_record(2, vocab=300)]
+    )
+    return float(value), {k: float(v) for k, v in metrics.items()}, nnx.to_pure_dict(grads)
+
+
+def _assert_same(a, b, rtol=1e-4, atol=1e-6):
+    (la, ma, ga), (lb, mb, gb) = a, b
+    np.testing.assert_allclose(la, lb, rtol=rtol, atol=atol)
+    assert ma.keys() == mb.keys()
+    for k in ma:
+        np.testing.assert_allclose(ma[k], mb[k], rtol=rtol, atol=atol, err_msg=k)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+def test_a_rematerialised_step_equals_the_plain_step():
+    plain = _grads(ComputeConfig(remat="off", micro_batches=1))
+    assert plain[0] != 0 and any(np.abs(g).max() > 0 for g in jax.tree.leaves(plain[2]))
+    _assert_same(_grads(ComputeConfig(remat="on", micro_batches=1)), plain)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        losses.LossConfig(max_segments=3),
+        losses.LossConfig(max_segments=3, aggregation="seq-mean-token-mean", kl_coef=0.1),
+        losses.LossConfig(max_segments=3, aggregation="seq-mean-token-sum", algorithm="gspo_token", norm_len=32.0),
+        losses.LossConfig(max_segments=3, algorithm="decoupled_ppo", tis_cap=2.0),
+    ],
+    ids=["ppo-token-mean", "seq-mean-kl", "gspo-seq-sum", "decoupled-tis"],
+)
+@pytest.mark.parametrize("micro", [2, 4, 8])
+def test_micro_batched_gradients_equal_the_whole_batchs(loss, micro):
+    whole = _grads(ComputeConfig(remat="off", micro_batches=1), loss)
+    _assert_same(_grads(ComputeConfig(remat="on", micro_batches=micro), loss), whole)
+
+
+def test_micro_batches_must_divide_the_rows_and_auto_follows_remat():
+    with pytest.raises(ValueError, match="must divide the step's 8 rows"):
+        ComputeConfig(micro_batches=3).micro_batches_for(8, 64, remat=True)
+    assert ComputeConfig().micro_batches_for(8, 1152, remat=True) == 8  # one 1,152-token row each
+    assert ComputeConfig().micro_batches_for(8, 256, remat=True) == 1  # 2,048 tokens fit one
+    assert ComputeConfig().micro_batches_for(16, 1152, remat=False) == 1
+    assert not ComputeConfig().remat_for(100_000) and ComputeConfig().remat_for(135_000_000)
+    with pytest.raises(ValueError, match="remat"):
+        ComputeConfig(remat="sometimes")
+
+
+def test_a_step_that_cannot_fit_is_refused_before_it_runs_with_the_numbers(monkeypatch):
+    learner = Learner(CFG, LearnerConfig(batch_records=2))
+    before = jax.tree.map(np.array, learner.params)
+    monkeypatch.setattr(memory, "free_bytes", lambda device=None: 1_000_000)
+    with pytest.raises(memory.StepDoesNotFit) as refused:
+        learner.train_step([random_record(1, vocab=300), random_record(2, vocab=300)])
+    text = str(refused.value)
+    assert "the learner step at 8x64 needs" in text and "GB are free" in text and "--micro_batches" in text
+    assert learner.steps == 0
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(learner.params), strict=True):
+        np.testing.assert_array_equal(a, b)  # nothing ran, nothing was donated
+    monkeypatch.setattr(memory, "free_bytes", lambda device=None: 64 * 10**9)
+    assert learner.compile_for(8, 64).fits()
+
+
+def test_the_memory_analysis_sees_what_the_step_needs():
+    """XLA's analysis is the check's input: a bigger batch needs more, and the params,
+    optimizer state and batch are counted as resident."""
+    learner = Learner(CFG, LearnerConfig(batch_records=1, compute=ComputeConfig(remat="off", micro_batches=1)))
+    small, big = learner.compile_for(4, 64), learner.compile_for(16, 64)
+    assert big.extra_bytes > small.extra_bytes > 0
+    state = sum(x.nbytes for x in jax.tree.leaves((learner.params, learner.opt_state)))
+    assert small.resident_bytes >= state
+
+
+def test_free_memory_is_read_from_the_host():
+    free = memory.host_free_bytes()
+    assert free is not None and 0 < free < 2**50
+
+
+def test_a_process_killed_by_sigkill_is_reported_with_its_last_memory(tmp_path):
+    """What the demo says of a child the OS's out-of-memory killer ends: not a bare -9."""
+    hold = "import time; x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096]); time.sleep(60)"
+    with ProcessGroup([sys.executable, "-c", hold], tmp_path / "log") as pg:
+        deadline = time.monotonic() + 30
+        while pg.poll() is None and pg.last_rss < 250 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(pg.pid, signal.SIGKILL)
+        while pg.poll() is None:
+            time.sleep(0.05)
+        text = pg.exit_description()
+    assert "killed by SIGKILL (-9)" in text and "out-of-memory" in text, text
+    assert 0.25 <= pg.last_rss / 2**30 < 1 and "last resident memory was 0.3 GB" in text, text
+
+
+def test_learner_config_carries_the_compute_section():
+    cfg = LearnerConfig(compute=ComputeConfig(micro_batches=4, remat="on", logit_chunk=128))
+    assert dataclasses.replace(cfg).compute.micro_batches == 4
+    with pytest.raises(ValueError, match="logit_chunk"):
+        ComputeConfig(logit_chunk=0)
+
+
+def test_the_learner_job_refuses_a_step_that_cannot_fit(tmp_path, monkeypatch, capsys):
+    """`agentic-rl learner` exits 2 naming the numbers, before any warm start (the planner and
+    the demo take the same path)."""
+    from trainer import task
+    from trainer.learning import builder
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device=None: 10**6)
+    monkeypatch.setattr(builder, "check_resources", lambda cfg: None)  # no Pub/Sub needed to get there
+    warm = []
+    monkeypatch.setattr(builder, "warm_start", lambda *a, **k: warm.append(1))
+    args = ["--requests_topic=t", "--records_subscription=s", f"--policy_root={tmp_path}", "--warmstart_steps=5"]
+    # main() installs a root handler on this test's captured stderr: give the old ones back.
+    monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # nor its SIGTERM handler
+    assert task.main(args) == 2
+    err = capsys.readouterr().err  # main logs to stderr
+    assert "refused: the learner step at 4x1024 needs" in err and "GB are free" in err, err[-2000:]
+    assert not warm
