@@ -40,6 +40,11 @@ class EngineConfig:
         "every slot would cost every slot the chunk's width whenever one episode has input)",
         flag="engine_prefill_slots",
     )
+    share_prompts: bool = knob(
+        True,
+        "a group's episodes prefill their shared prompt once: the first feeds it, the others copy its cache rows",
+        flag="engine_share_prompts",
+    )
     max_concurrent_groups: int = knob(16, "requests (groups of G episodes) in flight per worker process")
     queued_groups: int = knob(
         16,

@@ -48,7 +48,11 @@ class RolloutWorker:
             self.sampler.warmup(self.policy.params)  # compile before the first episode
         self.policy.start_polling()
         self.engine = InferenceEngine(
-            self.sampler, lambda: self.policy.current, cfg.max_tokens, chat_format_for(spec.tokenizer)
+            self.sampler,
+            lambda: self.policy.current,
+            cfg.max_tokens,
+            chat_format_for(spec.tokenizer),
+            share_prompts=cfg.share_prompts,
         )
         self.telemetry.source = self.gauges
         self.telemetry.start()

@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
+from core import heap
 from core.policy.config import ModelConfig
 from core.policy.hf_config import hf_family, read_hf_config
 from core.policy.hf_keys import Slot, slots
@@ -114,6 +115,8 @@ def load_checkpoint(checkpoint: str | Path, dtype=jnp.float32) -> tuple[ModelCon
             _check_tied(files, readers)
         values = _assemble(table, params, files, readers, dtype)
     nnx.replace_by_pure_dict(state, nest(values))
+    del values
+    heap.release()  # the NumPy copies of every tensor are gone: give their memory back
     return cfg, nnx.merge(graphdef, state)
 
 

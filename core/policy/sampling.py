@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from core import heap
 from core.policy import draw
 from core.policy.config import ModelConfig
 from core.policy.model import abstract_model, split_params
@@ -94,6 +95,7 @@ class Sampler:
         k = self.prefill_slots
         self.prefill_rows(params, np.arange(k), np.zeros((k, self.prefill), np.int32), np.zeros(k), np.zeros(k))
         self.cache = self._copy(self.cache, np.zeros(k, np.int32), np.zeros(k, np.int32))
+        heap.release()  # the compiler's working memory
 
     def compiled_variants(self) -> int:
         return self._step._cache_size() + self._rows_step._cache_size() + self._copy._cache_size()

@@ -171,10 +171,14 @@ def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
             **_compute(cfg),
         )
         with ProcessGroup(plan_command(plan_cfg), workdir / "plan.log", env, cpus=cpu_set(cfg.learner_cpus)) as planner:
-            wait_for(planner, 300, "planner")
+            wait_for(planner, 900, "planner")
+        PEAK_RSS["planner"] = planner.peak_rss
     plan = json.loads(path.read_text())
     (workdir / "plan.json").write_text(json.dumps(plan, indent=2))  # what the learner reads
     return plan
+
+
+PEAK_RSS: dict[str, int] = {}  # this run's process groups' peak resident memory, bytes
 
 
 def run_local(cfg: DemoConfig) -> DemoSummary:
@@ -258,6 +262,8 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
                         f"learner still running after {cfg.timeout_s + 60}s (--timeout_s + 60); "
                         f"{waited_for(workdir, cfg.max_steps)}\n{learner.log_tail()}"
                     )
+                if evaluator is not None:
+                    evaluator.poll()  # samples its memory too
                 progress.update("training")
                 time.sleep(0.5)
             if learner.poll() != 0:
@@ -283,6 +289,15 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
         reconciliation=None if rollout is None else reconcile.reconcile(learned.accounting, rollout, cfg.group_size),
         pids=pids,
         report=None,
+        peak_rss_gb={
+            k: round(v / 1e9, 2)
+            for k, v in {
+                **PEAK_RSS,
+                "learner": learner.peak_rss,
+                "rollout job": pipeline.peak_rss,
+                **({"evaluator": evaluator.peak_rss} if evaluating else {}),
+            }.items()
+        },
     )
 
 

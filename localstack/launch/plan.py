@@ -218,7 +218,8 @@ def measure_learner(
     batch = [records[i % len(records)] for i in range(batch_records)]
     learner.train_step(batch)  # compile
     times = []
-    for _ in range(steps):
+    # Up to `steps` steps, but no more than a minute of them: a real model's step takes minutes.
+    while len(times) < steps and (not times or sum(times) < 60):
         t0 = time.perf_counter()
         learner.train_step(batch)
         times.append(time.perf_counter() - t0)

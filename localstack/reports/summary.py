@@ -36,6 +36,8 @@ class DemoSummary:
     reconciliation: Reconciliation | None = None  # None: no rollout worker wrote a row
     pids: dict[str, int] = dataclasses.field(default_factory=dict)
     report: str | None = None  # report.md's path; None: the report failed
+    # Each process group's resident memory, the most seen in the demo's polls (every 0.5 s).
+    peak_rss_gb: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "learner"}
@@ -100,6 +102,8 @@ def print_summary(s: DemoSummary) -> None:
         ok = s.reconciliation.reconciled
         for i, line in enumerate(reconcile.format_reconciliation(s.reconciliation, L.accounting)):
             print(f"{'rollout side' if i == 0 else '':25}{line}", file=out if ok else sys.stderr)
+    if s.peak_rss_gb:
+        print("peak resident memory     " + ", ".join(f"{k} {v:.2f} GB" for k, v in s.peak_rss_gb.items()))
     print(f"logs and policy store    {s.workdir}")
     print(f"report                   {s.report}")
     workdir = Path(s.workdir or ".")

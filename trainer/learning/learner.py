@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from core import heap
 from core.config import knob, section
 from core.contracts.records import ARRAY_SPECS, PackedRecord
 from core.policy.config import ModelConfig
@@ -224,6 +225,7 @@ class Learner:
             # Before set_reference (compile_for at start-up) the reference has the params' shapes.
             ref = self._reference() if self.ref_params is not None or not self.cfg.loss.kl_coef else self.params
             compiled = self._step.lower(self.params, self.opt_state, ref, batch, self.frozen).compile()
+            heap.release()  # the compiler's working memory, before the step's own
             rows, seq_len = key
             micro = self.cfg.compute.micro_batches_for(rows, seq_len, self.remat)
             hint = (

@@ -27,6 +27,7 @@ import optax
 from flax import nnx
 
 import environments
+from core import heap
 from core.config import derived, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy.chat_format import ChatFormat, chat_format_for
@@ -243,6 +244,7 @@ def warm_start(
     for batch in batches:
         if compiled is None:  # one shape: compiled once, checked against free memory first
             compiled = step.lower(params, opt_state, frozen, batch).compile()
+            heap.release()  # the compiler's working memory, before the step's own
             rows, seq_len = batch["tokens"].shape
             micro = compute.micro_batches_for(rows, seq_len, remat)
             hint = f"lower --warmstart_batch (now {rows}) or raise --micro_batches (now {micro})"
