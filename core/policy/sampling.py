@@ -52,9 +52,24 @@ class Sampler:
         self.graphdef, self.abstract_params = split_params(model)
         self.cache = model.init_cache(slots, length, dtype)
         self._key = jax.random.key(seed)
-        self._step = jax.jit(functools.partial(_chunk_step, self.graphdef, greedy), donate_argnums=(1,))
-        self._rows_step = jax.jit(functools.partial(_rows_step, self.graphdef, greedy), donate_argnums=(1,))
+        # Both modes over the one cache (`greedy` may change between calls: the evaluator
+        # scores each version sampled, then greedy, and a second cache would double its memory).
+        self._steps = {
+            g: (
+                jax.jit(functools.partial(_chunk_step, self.graphdef, g), donate_argnums=(1,)),
+                jax.jit(functools.partial(_rows_step, self.graphdef, g), donate_argnums=(1,)),
+            )
+            for g in (False, True)
+        }
         self._copy = jax.jit(functools.partial(_copy_rows), donate_argnums=(0,))  # its own cache (count)
+
+    @property
+    def _step(self):
+        return self._steps[self.greedy][0]
+
+    @property
+    def _rows_step(self):
+        return self._steps[self.greedy][1]
 
     def step(self, params, tokens: np.ndarray, start: np.ndarray, n_valid: np.ndarray | None = None):
         """tokens [S, P] (P is 1 or `prefill`), written at positions start[s] + 0..P-1;
@@ -98,7 +113,8 @@ class Sampler:
         heap.release()  # the compiler's working memory
 
     def compiled_variants(self) -> int:
-        return self._step._cache_size() + self._rows_step._cache_size() + self._copy._cache_size()
+        steps = sum(f._cache_size() for pair in self._steps.values() for f in pair)
+        return steps + self._copy._cache_size()
 
 
 def _chunk_step(graphdef, greedy, params, cache, tokens, start, n_valid, key):
