@@ -40,10 +40,12 @@ class EngineConfig:
         "every slot would cost every slot the chunk's width whenever one episode has input)",
         flag="engine_prefill_slots",
     )
-    share_prompts: bool = knob(
-        True,
-        "a group's episodes prefill their shared prompt once: the first feeds it, the others copy its cache rows",
-        flag="engine_share_prompts",
+    # Default False because Beam drops False flags from a worker's options.
+    separate_prompts: bool = knob(
+        False,
+        "every episode prefills its own prompt (default: a group's episodes prefill their shared "
+        "prompt once, the first feeds it and the others copy its cache rows)",
+        flag="engine_separate_prompts",
     )
     max_concurrent_groups: int = knob(16, "requests (groups of G episodes) in flight per worker process")
     queued_groups: int = knob(

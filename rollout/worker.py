@@ -52,7 +52,7 @@ class RolloutWorker:
             lambda: self.policy.current,
             cfg.max_tokens,
             chat_format_for(spec.tokenizer),
-            share_prompts=cfg.share_prompts,
+            share_prompts=not cfg.separate_prompts,
         )
         self.telemetry.source = self.gauges
         self.telemetry.start()

@@ -122,3 +122,21 @@ def test_a_read_only_reader_writes_no_manifest_and_removes_nothing(tmp_path):
         assert reader.restore_latest(abstract(state))[0] == 1
         assert reader.all_steps() == [1, 2]  # the writer's business, not a reader's
     assert not os.path.exists(f"{root}/2/{MANIFEST}")
+
+
+def test_a_file_that_goes_during_a_walk_is_not_listed(tmp_path, monkeypatch):
+    """Process 0 writes a step's manifest through a temporary file renamed into place while
+    another process walks the step (the two-process learner crashed on this in CI)."""
+    from core.contracts import manifest as mf
+
+    (tmp_path / "a").write_bytes(b"12")
+    (tmp_path / ".manifest.json.x.tmp").write_bytes(b"{}")
+    real = os.path.getsize
+
+    def renamed_meanwhile(p):
+        if p.endswith(".tmp"):
+            raise FileNotFoundError(p)
+        return real(p)
+
+    monkeypatch.setattr(os.path, "getsize", renamed_meanwhile)
+    assert mf.walk_local(os.fspath(tmp_path)) == {"a": 2}

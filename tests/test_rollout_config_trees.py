@@ -69,6 +69,7 @@ ROLLOUT_CHANGES = dict(
     engine_slots=8,
     engine_prefill=32,
     engine_prefill_slots=4,
+    engine_separate_prompts=True,
     max_concurrent_groups=4,
     queued_groups=2,
     admit_poll_s=0.1,

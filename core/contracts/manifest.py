@@ -47,12 +47,17 @@ def sha256_local(path: str) -> tuple[str, int]:
 
 
 def walk_local(root: str) -> dict[str, int]:
-    """{relative path ('/'-separated): size} of every file under root."""
+    """{relative path ('/'-separated): size} of every file under root. A file that goes
+    while we walk (another process's temporary file, renamed into place) is not listed."""
     out = {}
     for d, _, names in os.walk(root):
         for name in names:
             p = os.path.join(d, name)
-            out[os.path.relpath(p, root).replace(os.sep, "/")] = os.path.getsize(p)
+            try:
+                size = os.path.getsize(p)
+            except FileNotFoundError:
+                continue
+            out[os.path.relpath(p, root).replace(os.sep, "/")] = size
     return out
 
 

@@ -179,6 +179,15 @@ def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
 
 
 PEAK_RSS: dict[str, int] = {}  # this run's process groups' peak resident memory, bytes
+RUNNING: dict[str, ProcessGroup] = {}  # the groups now running, whose peaks a failed run reports
+
+
+def peak_rss_gb() -> dict[str, float]:
+    """Every process group's peak resident memory so far, GB (the finished planner's too)."""
+    peaks = dict(PEAK_RSS)
+    for name, group in RUNNING.items():  # a restarted rollout job: the most of either
+        peaks[name] = max(peaks.get(name, 0), group.peak_rss)
+    return {name: round(v / 1e9, 2) for name, v in peaks.items() if v}
 
 
 def run_local(cfg: DemoConfig) -> DemoSummary:
@@ -236,6 +245,7 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
                 for log, e in cluster.learner_envs(cfg.learner_processes, env)
             ]
             learner = learners[0]
+            RUNNING["learner"] = learner
             deadline = time.monotonic() + cfg.timeout_s + 60
             # The rollout side starts once policy v0 exists: until then it could only poll,
             # and on two cores that would slow the learner's warm start.
@@ -243,9 +253,11 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
                 progress.update("warm start (behaviour cloning before policy v0)")
                 time.sleep(0.5)
             pipeline = running.enter_context(ProcessGroup(pipeline_cmd, workdir / "pipeline.log", env))
+            RUNNING["rollout job"] = pipeline
             evaluator = None
             if evaluating:
                 evaluator = running.enter_context(ProcessGroup(eval_cmd, workdir / "evaluator.log", env))
+                RUNNING["evaluator"] = evaluator
             restarts = {"pipeline": 0, "emulator": 0}
             while learner.poll() is None:
                 # Preemptible parts: a dead emulator or rollout job is started again (their
@@ -257,6 +269,8 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
                     _may_restart(restarts, "pipeline", cfg.max_restarts, pipeline.log_tail())
                     log_path = workdir / f"pipeline-restart-{restarts['pipeline']}.log"
                     pipeline = running.enter_context(ProcessGroup(pipeline_cmd, log_path, env))
+                    PEAK_RSS["rollout job"] = max(PEAK_RSS.get("rollout job", 0), RUNNING["rollout job"].peak_rss)
+                    RUNNING["rollout job"] = pipeline
                 if time.monotonic() > deadline:
                     raise DemoFailed(
                         f"learner still running after {cfg.timeout_s + 60}s (--timeout_s + 60); "
@@ -289,15 +303,7 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
         reconciliation=None if rollout is None else reconcile.reconcile(learned.accounting, rollout, cfg.group_size),
         pids=pids,
         report=None,
-        peak_rss_gb={
-            k: round(v / 1e9, 2)
-            for k, v in {
-                **PEAK_RSS,
-                "learner": learner.peak_rss,
-                "rollout job": pipeline.peak_rss,
-                **({"evaluator": evaluator.peak_rss} if evaluating else {}),
-            }.items()
-        },
+        peak_rss_gb=peak_rss_gb(),
     )
 
 
@@ -368,6 +374,8 @@ def main(argv=None) -> int:
         summary = run_local(cfg)
     except DemoFailed as e:
         print(f"demo failed: {e}", file=sys.stderr)
+        if peaks := peak_rss_gb():
+            print("peak resident memory: " + ", ".join(f"{k} {v:.2f} GB" for k, v in peaks.items()), file=sys.stderr)
         return 1
     except Stopped as e:
         print(f"demo stopped by {e}; everything it started is stopped", file=sys.stderr)

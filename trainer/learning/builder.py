@@ -157,6 +157,7 @@ def restore_or_initialise(
     elif warmstart.steps:
         demos = environments.make_tasks(env, task_seed + 1, warmstart.tasks, "train", env_config)
         fmt = chat_format_for(learner.tokenizer)  # demonstrations in the model's own format
+        learner.drop_optimizer()  # the warm start has its own: one Adam state in memory, not two
         learner.params, losses = warm_start(
             learner.graphdef,
             learner.params,
@@ -169,6 +170,7 @@ def restore_or_initialise(
             compute=learner.cfg.compute,
         )
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+        learner.init_optimizer()
     if learner.cfg.loss.kl_coef > 0:
         learner.set_reference(learner.params)
     return Start(warmstart_s=round(time.monotonic() - t0, 2))

@@ -131,12 +131,13 @@ class LearnerCheckpointer:
         steps, self._unhashed = self._unhashed, []
         for step in steps:
             root = self._step_dir(step)
-            if not self._files.walk(root):
-                continue  # max_to_keep already removed it
             if jax.process_index() != 0:
-                if not self._files.exists(f"{root}/{MANIFEST}"):
+                # Process 0 may be writing the manifest now: look for it, not at the files.
+                if not self._files.exists(f"{root}/{MANIFEST}") and self._files.walk(root):
                     self._unhashed.append(step)
                 continue
+            if not self._files.walk(root):
+                continue  # max_to_keep already removed it
             files = mf.build(self._files.walk(root), lambda rel, r=root: self._files.sha256(f"{r}/{rel}"), MANIFEST)
             doc = {"manifest_version": mf.MANIFEST_VERSION, "step": step, "manifest": files}
             self._files.write_text(f"{root}/{MANIFEST}", json.dumps(doc))

@@ -190,6 +190,7 @@ class Learner:
         step = functools.partial(_train_step, self.graphdef, tx, cfg.loss, cfg.compute, self.remat, span)
         self.ref_params = None  # set once by set_reference(); only read when kl_coef > 0
         self.skipped_nonfinite = 0
+        self._tx, self._opt_shardings = tx, None
         if mesh is None:
             self.params, self.opt_state, self.frozen = params, tx.init(params), frozen
             self._batch_sharding = None
@@ -207,6 +208,7 @@ class Learner:
                 lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else NamedSharding(mesh, P()), opt_state
             )
             self.opt_state = jax.device_put(opt_state, opt_shardings)
+            self._opt_shardings = opt_shardings
             self._batch_sharding = sharding.batch_sharding(mesh)
             self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, opt_shardings, None))
         self._shardings = None if mesh is None else shardings
@@ -216,6 +218,17 @@ class Learner:
         self._compiled: dict[tuple, object] = {}
         self._flops: dict[tuple, float] = {}
         self.memory: dict[tuple, memory.StepMemory] = {}
+
+    def drop_optimizer(self) -> None:
+        """Frees the optimizer state (Adam's moments: twice the trainable params) while
+        something else trains the params, e.g. the warm start with its own optimizer;
+        init_optimizer() makes it again, fresh, for the params as they are then."""
+        self.opt_state = None
+
+    def init_optimizer(self) -> None:
+        """A fresh optimizer state for the current params, in the layout the step was compiled for."""
+        opt_state = self._tx.init(self.params) if self.mesh is None else jax.jit(self._tx.init)(self.params)
+        self.opt_state = opt_state if self._opt_shardings is None else jax.device_put(opt_state, self._opt_shardings)
 
     def _executable(self, batch: dict):
         """The step compiled for this batch's shape, once; refused (memory.StepDoesNotFit)
