@@ -115,7 +115,9 @@ def _run(args, writer, tracer) -> list[dict]:
     tasks = held_out_tasks(args)
     limits = EpisodeLimits(max_new_tokens_per_turn=args.max_new_tokens_per_turn, max_tokens=args.max_tokens)
     # One sampler (one KV cache) for every mode: they take turns.
-    sampler = Sampler(spec.cfg, args.slots, args.max_tokens, seed=args.seed)
+    # No more slots than tasks: each slot is a KV cache of max_tokens (0.66 GB per 32 slots
+    # of 448 tokens at SmolLM2's size), and a slot without a task only costs memory.
+    sampler = Sampler(spec.cfg, min(args.slots, len(tasks)), args.max_tokens, seed=args.seed)
     store, fmt = PolicyStore(args.policy_root), chat_format_for(spec.tokenizer)
     loader = VersionLoader(store, spec.cfg, sampler.abstract_params, base_params(spec.checkpoint))
     out, rows, done, skipped = Path(args.out), [], -1, 0

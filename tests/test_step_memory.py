@@ -146,6 +146,17 @@ def test_the_memory_analysis_sees_what_the_step_needs():
     assert small.resident_bytes >= state
 
 
+def test_a_micro_batched_step_counts_the_flops_of_every_micro_batch():
+    """XLA's cost analysis counts a loop's body once; the learner's FLOPs (its MFU) must
+    not fall by the number of micro-batches when the same work runs in a scan."""
+    records = [random_record(1, vocab=300), random_record(2, vocab=300)]
+    flops = {}
+    for micro in (1, 4):
+        lcfg = LearnerConfig(batch_records=2, compute=ComputeConfig(remat="off", micro_batches=micro))
+        flops[micro] = Learner(CFG, lcfg, model=init_model(CFG, 0)).step_flops(records)
+    assert flops[1] > 0 and flops[4] == pytest.approx(flops[1], rel=0.05)
+
+
 def test_free_memory_is_read_from_the_host():
     free = memory.host_free_bytes()
     assert free is not None and 0 < free < 2**50

@@ -182,6 +182,10 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
     assert first["perf/duty_cycle_recent"] == pytest.approx(0.5)  # 0.5 s of 1 s so far
     assert last["perf/duty_cycle"] == pytest.approx(1.5 / 20)
     assert last["perf/duty_cycle_recent"] == pytest.approx(0.5 / 10)  # only the last step is recent
+    now[0] = 100.0  # a step far longer than the window: it fills the window, no more
+    tel.on_step(len(rows) + 1, 1, stats, [rec], {"losses/policy_loss": 0.0}, 60.0, parts)
+    assert rows[-1]["perf/duty_cycle_recent"] == pytest.approx(1.0)
+    assert rows[-1]["perf/trained_tokens_per_s_recent"] == pytest.approx(rec.num_tokens * 10 / 60 / 10, abs=0.1)
     assert last["data/fill"] == pytest.approx(0.5) and last["staleness/max"] == 1
     assert last["data/records_buffered"] == 1 and last["feeder/in_flight"] == 7
 

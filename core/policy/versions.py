@@ -54,7 +54,9 @@ class VersionLoader:
         if "lora" in published:
             return self._merged(version, lora.LoraConfig.from_dict(published["lora"])), meta
         state = jax.tree.map(lambda x: x, self._template)  # a fresh container, same structure
-        nnx.replace_by_pure_dict(state, self.store.load(version, self._target))
+        # On the device once: numpy leaves would be copied into every jitted call (at 135 M
+        # parameters, 0.54 GB and about 0.24 s per decode step on this CPU).
+        nnx.replace_by_pure_dict(state, jax.device_put(self.store.load(version, self._target)))
         return state, meta
 
     def _merged(self, version: int, lora_cfg: lora.LoraConfig) -> nnx.State:

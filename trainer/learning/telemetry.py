@@ -60,7 +60,13 @@ class LearnerTelemetry:
         while self._steps and self._steps[0][0] < now - self.recent_s:
             self._steps.popleft()
         span = max(min(self.recent_s, now - self.started), 1e-9)
-        return sum(s for _, s, _ in self._steps) / span, sum(t for _, _, t in self._steps) / span
+        # Only the part of a step inside the window counts: a step longer than the window
+        # (minutes at a real model's size) would otherwise make the duty cycle exceed 1.
+        busy = tokens = 0.0
+        for end, s, t in self._steps:
+            inside = min(s, end - (now - span)) / s if s > 0 else 1.0
+            busy, tokens = busy + s * inside, tokens + t * inside
+        return busy / span, tokens / span
 
     def on_step(self, step: int, version: int, stats, batch, metrics: dict, step_s: float, parts) -> dict:
         """One row after train step `step`; `parts` is the data plane (trainer/learning/
