@@ -202,15 +202,9 @@ class Learner:
                 shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), params)
             self.frozen = None if frozen is None else jax.device_put(frozen, sharding.param_shardings(frozen, mesh))
             self.params = jax.device_put(params, shardings)
-            opt_state = jax.jit(tx.init)(self.params)  # moments follow the params' layout
-            # Scalars (step counts) come out on one device: replicate them over the mesh.
-            opt_shardings = jax.tree.map(
-                lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else NamedSharding(mesh, P()), opt_state
-            )
-            self.opt_state = jax.device_put(opt_state, opt_shardings)
-            self._opt_shardings = opt_shardings
+            self.init_optimizer()
             self._batch_sharding = sharding.batch_sharding(mesh)
-            self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, opt_shardings, None))
+            self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, self._opt_shardings, None))
         self._shardings = None if mesh is None else shardings
         self.steps = 0
         # Per batch shape: the compiled step, checked against free memory before it first
@@ -227,8 +221,16 @@ class Learner:
 
     def init_optimizer(self) -> None:
         """A fresh optimizer state for the current params, in the layout the step was compiled for."""
-        opt_state = self._tx.init(self.params) if self.mesh is None else jax.jit(self._tx.init)(self.params)
-        self.opt_state = opt_state if self._opt_shardings is None else jax.device_put(opt_state, self._opt_shardings)
+        if self.mesh is None:
+            self.opt_state = self._tx.init(self.params)
+            return
+        opt_state = jax.jit(self._tx.init)(self.params)  # moments follow the params' layout
+        if self._opt_shardings is None:  # scalars (step counts) come out on one device: replicate them
+            self._opt_shardings = jax.tree.map(
+                lambda x: x.sharding if isinstance(x.sharding, NamedSharding) else NamedSharding(self.mesh, P()),
+                opt_state,
+            )
+        self.opt_state = jax.device_put(opt_state, self._opt_shardings)
 
     def _executable(self, batch: dict):
         """The step compiled for this batch's shape, once; refused (memory.StepDoesNotFit)
