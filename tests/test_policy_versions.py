@@ -37,6 +37,8 @@ def test_a_whole_model_version_loads_and_another_models_is_refused_by_name(tmp_p
     state, meta = VersionLoader(store, tiny, _template(tiny)).load(0)
     _assert_same(state, learner.params_dict())
     assert meta["metadata"]["tokenizer"] == "byte"
+    # On the device, not numpy: numpy leaves are copied into every jitted call that takes them.
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(state))
     small = model_config("small")
     with pytest.raises(StoreError, match=r"another model config.*d_model: version 64 vs here 256"):
         VersionLoader(store, small, _template(small)).load(0)
