@@ -26,6 +26,11 @@ from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.sampling import Sampler
 from core.policy.tokenizer import BYTE_TOKENIZER
 
+# A fresh sequence copies a cached prefix of at least this many tokens from another slot
+# rather than feeding it (shorter ones are not worth a row copy).
+MIN_SHARED_PREFIX = 32
+_WAIT = "wait"
+
 
 @dataclasses.dataclass(eq=False)
 class Sequence:
@@ -110,15 +115,21 @@ class InferenceEngine:
         return await job.future
 
     def _admit(self) -> None:
-        copies, deferred = [], []
+        copies, deferred, taken = [], [], set()
         while self._queue and self._free:
             job = self._queue.pop(0)
             seq = job.seq
             leader = self._leader(seq)
-            if leader is not None and leader.cached < len(seq.tokens) - 1:
-                deferred.append(job)  # its prompt is being prefilled by the leader: wait for it
+            if leader is not None and (leader.cached < len(seq.tokens) - 1 or leader.slot in taken):
+                # Its prompt is being prefilled by the leader (or copied into its slot this round): wait.
+                deferred.append(job)
                 continue
-            if seq.slot in self._free and self._owner[seq.slot] is seq:
+            intact = seq.slot in self._free and self._owner[seq.slot] is seq
+            donor = self._prefix_donor(seq, taken) if leader is None and not intact else None
+            if donor == _WAIT:  # another slot is prefilling the prefix this one starts with
+                deferred.append(job)
+                continue
+            if intact:
                 slot = seq.slot  # its cache is intact: feed only what is new
             else:
                 # Prefer slots that cache nothing worth keeping (finished or no owner).
@@ -131,12 +142,43 @@ class InferenceEngine:
                     copies.append((leader.slot, slot))
                     seq.cached = len(seq.tokens) - 1
                     self.stats["shared_prompt_tokens"] += seq.cached
+                elif donor is not None:  # a common prefix (system turn, tools block) is cached
+                    if donor[0] != slot:  # (in this slot already: nothing to copy)
+                        copies.append((donor[0], slot))
+                    seq.cached = donor[1]
+                    self.stats["shared_prompt_tokens"] += seq.cached
+            taken.add(slot)
             self._free.remove(slot)
             seq.cached = min(seq.cached, len(seq.tokens) - 1)  # re-feed the last token for its logits
             self._active[slot] = job
         self._queue[:0] = deferred
         if copies:
             self.sampler.copy_rows(copies)
+
+    def _prefix_donor(self, seq: Sequence, taken: set[int]):
+        """(slot, n): a slot whose cache holds the first n tokens of this sequence, the most
+        of any, n >= MIN_SHARED_PREFIX (other tasks' episodes start with the same system turn
+        and tools block: hundreds of tokens of a checkpoint's prompt); _WAIT if a slot that is
+        still catching up (or handed out in this admission round, whose copy or prefill comes
+        after this one's copy) will hold more of it than any does now; None if none shares."""
+        if not self.share_prompts or len(seq.tokens) <= MIN_SHARED_PREFIX:
+            return None
+        head = seq.tokens[:MIN_SHARED_PREFIX]
+        mine = np.asarray(seq.tokens[: len(seq.tokens) - 1], np.int64)  # the last is fed for its logits
+        ready, pending = (None, 0), 0
+        for slot, owner in enumerate(self._owner):
+            if owner is None or owner is seq or owner.tokens[:MIN_SHARED_PREFIX] != head:
+                continue
+            n = min(len(mine), len(owner.tokens))
+            same = mine[:n] == np.asarray(owner.tokens[:n], np.int64)
+            common = n if same.all() else int(np.argmin(same))
+            if slot in taken or (slot in self._active and owner.cached < common):
+                pending = max(pending, common)
+            elif min(common, owner.cached) > ready[1]:
+                ready = (slot, min(common, owner.cached))
+        if pending >= MIN_SHARED_PREFIX and pending > ready[1]:
+            return _WAIT
+        return ready if ready[1] >= MIN_SHARED_PREFIX else None
 
     def _leader(self, seq: Sequence) -> Sequence | None:
         """The sequence whose slot holds (or is prefilling) this fresh sequence's prompt;

@@ -61,6 +61,11 @@ class EvaluatorConfig:
     max_tokens: int = knob(DEFAULT_MAX_TRAJECTORY_LEN, "episode length cap (the layout's max_trajectory_len)")
     max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate")
     slots: int = knob(64, "episodes decoded at once")
+    prefill: int = knob(32, "tokens each slot is fed per catch-up step (prompts, observations)")
+    prefill_slots: int = knob(8, "slots fed a catch-up chunk per engine step (the others with input wait)")
+    episode_timeout_s: float = knob(
+        120.0, "an episode longer than this (wall clock) ends as timeout: raise it for a slow model on many slots"
+    )
     poll_s: float = knob(1.0, "how often the store is looked at for a new version")
     stop_file: str | None = knob(None, "holds the final version once the learner is done")
     timeout_s: float = knob(3600.0, "give up (exit 1) after this long")
@@ -113,11 +118,18 @@ def _run(args, writer, tracer) -> list[dict]:
         raise SystemExit(f"--modes must name some of {MODES}, got {args.modes!r}")
     spec = policy_spec(args.model, args.model_config)
     tasks = held_out_tasks(args)
-    limits = EpisodeLimits(max_new_tokens_per_turn=args.max_new_tokens_per_turn, max_tokens=args.max_tokens)
+    limits = EpisodeLimits(
+        max_new_tokens_per_turn=args.max_new_tokens_per_turn,
+        max_tokens=args.max_tokens,
+        episode_timeout_s=args.episode_timeout_s,
+    )
     # One sampler (one KV cache) for every mode: they take turns.
     # No more slots than tasks: each slot is a KV cache of max_tokens (0.66 GB per 32 slots
     # of 448 tokens at SmolLM2's size), and a slot without a task only costs memory.
-    sampler = Sampler(spec.cfg, min(args.slots, len(tasks)), args.max_tokens, seed=args.seed)
+    slots = min(args.slots, len(tasks))
+    sampler = Sampler(
+        spec.cfg, slots, args.max_tokens, args.prefill, args.seed, prefill_slots=min(args.prefill_slots, slots)
+    )
     store, fmt = PolicyStore(args.policy_root), chat_format_for(spec.tokenizer)
     loader = VersionLoader(store, spec.cfg, sampler.abstract_params, base_params(spec.checkpoint))
     out, rows, done, skipped = Path(args.out), [], -1, 0

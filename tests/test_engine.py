@@ -109,6 +109,45 @@ def test_a_group_prefills_its_shared_prompt_once_and_scores_as_if_alone(model, s
     assert (sampler._step._cache_size(), sampler._rows_step._cache_size(), sampler._copy._cache_size()) == (1, 1, 1)
 
 
+def test_prompts_with_a_common_prefix_copy_it_and_score_as_if_alone(model):
+    """Twelve different tasks behind one 48-token system prefix (a checkpoint's system turn
+    and tools block), all arriving at once: each fresh episode copies the prefix from a slot
+    that caches it (or waits while one prefills it) instead of feeding it, and every sampled
+    token's log-prob is still the full forward's."""
+    params, fwd = model
+    rng = np.random.default_rng(11)
+    system = [tokenizer.BOS] + list(rng.integers(0, 256, 47))
+    prompts = [system + list(rng.integers(0, 256, 6 + i)) for i in range(12)]
+
+    def run(share: bool):
+        sampler = Sampler(CFG, slots=4, length=128, prefill=8, prefill_slots=4)
+        engine = InferenceEngine(sampler, lambda: (params, 0), share_prompts=share)
+
+        async def episode(i):
+            seq = Sequence.start(prompts[i])
+            await engine.generate(seq, 5, lambda g: False)
+            engine.release(seq)
+            return seq
+
+        async def all_():
+            return await asyncio.gather(*(episode(i) for i in range(12)))
+
+        return asyncio.run(all_()), engine
+
+    seqs, engine = run(share=True)
+    for seq in seqs:
+        gen = np.asarray(seq.loss_mask) == 1
+        assert gen.sum() == 5
+        np.testing.assert_allclose(
+            np.asarray(seq.logprobs)[gen], _full_logprobs(fwd, params, seq.tokens)[gen], atol=2e-4
+        )
+    _, alone = run(share=False)
+    # Every episode but the first: the others wait for it to prefill the prefix, then copy it.
+    assert engine.stats["shared_prompt_tokens"] >= 11 * 48
+    assert engine.stats["fed_tokens"] <= alone.stats["fed_tokens"] - 11 * 48
+    assert alone.stats["shared_prompt_tokens"] == 0
+
+
 class _FixedWaitEnv(environments.Environment):
     """Every step waits `latency` s (asyncio.sleep, as a tool does), whatever the model wrote, well-formed or
     not; the episode finishes after `turns` steps. Each wait is logged with the tokens the engine generated
