@@ -26,6 +26,8 @@ Oracle = Callable[[Task, "list[str]"], str]
 _FACTORIES: dict[str, EnvFactory] = {}
 _TASKS: dict[str, TaskGenerator] = {}
 _ORACLES: dict[str, Oracle] = {}
+_ORACLE_STYLES: dict[str, dict[str, Oracle]] = {}  # other demonstration styles, by name
+DEFAULT_STYLE = "default"
 
 
 def register(
@@ -34,8 +36,11 @@ def register(
     *,
     tasks: TaskGenerator | None = None,
     oracle: Oracle | None = None,
+    oracle_styles: dict[str, Oracle] | None = None,
     overwrite: bool = False,
 ) -> None:
+    """oracle_styles: other ways the expert may solve a task, by name (a warm start picks one
+    with `--warmstart_oracle`), each winning every task as the default oracle does."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"environment name must be a non-empty string, got {name!r}")
     if not callable(factory):
@@ -49,6 +54,8 @@ def register(
         _TASKS[name] = tasks
     if oracle is not None:
         _ORACLES[name] = oracle
+    if oracle_styles:
+        _ORACLE_STYLES[name] = dict(oracle_styles)
 
 
 def names() -> list[str]:
@@ -84,11 +91,17 @@ def make_tasks(name: str, seed: int, n: int, split: str = "train", env_config: d
     return _generator(name)(seed, n, split, **task_settings(name, env_config))
 
 
-def oracle(name: str) -> Oracle:
+def oracle(name: str, style: str = DEFAULT_STYLE) -> Oracle:
     try:
-        return _ORACLES[name]
+        found = _ORACLES[name]
     except KeyError:
         raise KeyError(f"no oracle for {name!r}; have: {sorted(_ORACLES)}") from None
+    if style == DEFAULT_STYLE:
+        return found
+    styles = _ORACLE_STYLES.get(name, {})
+    if style not in styles:
+        raise KeyError(f"{name!r} has no oracle style {style!r}; have: {[DEFAULT_STYLE, *sorted(styles)]}")
+    return styles[style]
 
 
 def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[str]:
@@ -109,12 +122,24 @@ def load_entry_points(group: str = ENTRY_POINT_GROUP) -> list[str]:
 
 
 def _register_builtins() -> None:
-    from environments.calculator import CalculatorConfig, CalculatorEnv, generate_tasks, oracle_action
+    from environments.calculator import (
+        CalculatorConfig,
+        CalculatorEnv,
+        generate_tasks,
+        oracle_action,
+        whole_expression_action,
+    )
 
     def make_calculator(**kwargs) -> CalculatorEnv:
         return CalculatorEnv(CalculatorConfig(**kwargs))
 
-    register("calculator", make_calculator, tasks=generate_tasks, oracle=oracle_action)
+    register(
+        "calculator",
+        make_calculator,
+        tasks=generate_tasks,
+        oracle=oracle_action,
+        oracle_styles={"whole": whole_expression_action},
+    )
 
     from environments.guess import GuessConfig, GuessEnv
     from environments.guess import generate_tasks as guess_tasks

@@ -231,3 +231,23 @@ def test_registry():
     with pytest.raises(ValueError):
         E.register("calculator", lambda **kw: CalculatorEnv())
     assert E.load_entry_points() == []  # no plugins installed here
+def test_the_whole_expression_oracle_wins_every_task_in_one_call_where_the_tool_allows_it():
+    """The checkpoint recipe's demonstrations (`--warmstart_oracle=whole`): one call with the
+    task's whole expression, then its result; with one operation per call the tool refuses
+    the two-operation tasks, and an unknown style is refused by name."""
+    whole = E.oracle("calculator", "whole")
+    for ops in (2, 1):
+        env_tasks = E.make_tasks("calculator", 4, 40, "test", {"max_ops_per_call": ops})
+        wins = 0
+        for task in env_tasks:
+            env = E.make("calculator", max_ops_per_call=ops)
+            asyncio.run(env.reset(task))
+            first = asyncio.run(env.step(whole(task, [])))
+            second = asyncio.run(env.step(whole(task, [first.observation])))
+            wins += second.reward == 1.0
+        if ops == 2:
+            assert wins == len(env_tasks)
+        else:
+            assert 0 < wins < len(env_tasks)  # the one-operation tasks only
+    with pytest.raises(KeyError, match=r"no oracle style 'nope'.*whole"):
+        E.oracle("calculator", "nope")

@@ -80,3 +80,25 @@ def test_the_recipes_are_documented():
     results = (Path(__file__).parents[1] / "docs" / "RESULTS.md").read_text()
     for env in RECIPES:
         assert f"--env {env}" in results or env == "calculator", env
+
+
+def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_flags_override_it():
+    from localstack.launch.checkpoint_recipes import COMMON
+
+    real = parse_args(["--model", "/ckpt/SmolLM2"])
+    byte = parse_args([])
+    assert real.model == "/ckpt/SmolLM2" and byte.model is None
+    assert (real.warmstart_steps, real.warmstart_batch, real.learner.warmstart.learning_rate) == (48, 4, 3e-4)
+    assert (real.max_new_tokens_per_turn, real.batch_records, real.publish_every, real.plan) == (48, 2, 1, "off")
+    assert real.learner.learner.learning_rate == 5e-5 != byte.learner.learner.learning_rate
+    assert byte == config.build(DemoConfig)  # no --model: the byte recipe alone
+    mine = parse_args(["--model=/ckpt/SmolLM2", "--warmstart_steps=3", "--learner.learning_rate=0", "--plan", "auto"])
+    assert (mine.warmstart_steps, mine.learner.learner.learning_rate, mine.plan) == (3, 0.0, "auto")
+    assert mine.warmstart_batch == 4  # the rest of the recipe stays
+    # The environment's own settings stay under the checkpoint's: guess keeps its game.
+    guess = parse_args(["--env", "guess", "--model", "/ckpt/SmolLM2"])
+    assert guess.env_config == RECIPES_ENV_CONFIG_GUESS and guess.warmstart_steps == 48
+    assert all(flag.startswith("--") for flag in COMMON)
+
+
+RECIPES_ENV_CONFIG_GUESS = {"high": 31, "max_turns": 5, "reply_window": True}

@@ -154,10 +154,13 @@ class DemoConfig:
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
-    """The demo's config: the --env's recipe (localstack/launch/recipes.py), then `argv`."""
-    from localstack.launch.recipes import env_of, recipe_argv
+    """The demo's config: the --env's recipe (localstack/launch/recipes.py), with --model the
+    checkpoint recipe on top of it (localstack/launch/checkpoint_recipes.py), then `argv`."""
+    from localstack.launch.recipes import env_of, model_of, recipe_argv
 
     argv = sys.argv[1:] if argv is None else list(argv)
     env = env_of(argv) or DemoConfig.env
-    base = config.parse(DemoConfig, [f"--env={env}", *recipe_argv(env)], prog="agentic-rl demo (recipe)")
+    base = config.parse(
+        DemoConfig, [f"--env={env}", *recipe_argv(env, model_of(argv))], prog="agentic-rl demo (recipe)"
+    )
     return config.parse(DemoConfig, argv, description=__doc__, prog="agentic-rl demo", base=base)

@@ -65,11 +65,23 @@ RECIPES: dict[str, tuple[str, ...]] = {
 
 def env_of(argv: list[str]) -> str | None:
     """The --env given in `argv`, if any (the rest is parsed later, with the recipe)."""
+    return _flag_of(argv, "--env")
+
+
+def model_of(argv: list[str]) -> str | None:
+    """The --model given in `argv`, if any."""
+    return _flag_of(argv, "--model")
+
+
+def _flag_of(argv: list[str], flag: str) -> str | None:
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--env")
-    return parser.parse_known_args(argv)[0].env
+    parser.add_argument(flag)
+    return getattr(parser.parse_known_args(argv)[0], flag.lstrip("-"))
 
 
-def recipe_argv(env: str) -> list[str]:
-    """The recipe's flags for `env`: none for an environment without one (a plugin's)."""
-    return list(RECIPES.get(env, ()))
+def recipe_argv(env: str, model: str | None = None) -> list[str]:
+    """The recipe's flags for `env` (none for an environment without one: a plugin's), then,
+    with a checkpoint (`--model`), the checkpoint recipe's on top of them."""
+    from localstack.launch.checkpoint_recipes import checkpoint_recipe
+
+    return [*RECIPES.get(env, ()), *(checkpoint_recipe(env) if model else ())]

@@ -59,6 +59,11 @@ class WarmStartConfig:
         "where direct-answer demonstrations answer: at the first action, or after some of the calls",
         choices=DIRECT_AT,
     )
+    oracle: str = knob(
+        "default",
+        "the demonstrations' style: the environment's default expert, or another it registers "
+        "(calculator: whole, one call with the whole expression; needs max_ops_per_call to allow it)",
+    )
     seed: int = derived(0, "the learner's --seed")
     tasks: int = knob(
         1000, "oracle demonstrations drawn from this many generated train tasks (more tasks: less memorising)"
@@ -98,16 +103,18 @@ async def oracle_transcript(
     answer_after=None,
     fmt: ChatFormat | None = None,
     env_config: dict | None = None,
+    style: str = "default",
 ) -> Transcript:
     """One oracle episode through the real environment, tokenised exactly as the rollout
     side tokenises an episode in the model's chat format `fmt` (default: the byte format):
     the prompt and observations as the episode loop appends them, each action as the model
     would write it (its tool-call syntax and end-of-turn token), the loss on the actions.
     answer_after=k: after k tool observations, answer the task's target directly.
-    env_config: the environment's settings (its turn limit, ranges); no tool latency here."""
+    env_config: the environment's settings (its turn limit, ranges); no tool latency here.
+    style: which of the environment's experts demonstrates (environments.oracle)."""
     fmt = fmt or chat_format_for(BYTE_TOKENIZER)
     env = environments.make(env_name, **demo_env_config(env_config))
-    oracle = environments.oracle(env_name)
+    oracle = environments.oracle(env_name, style)
     tools = env.tools()
     out = Transcript(fmt.prompt_ids(await env.reset(task), tools), [])
     out.loss_mask = [0] * len(out.tokens)
@@ -131,14 +138,18 @@ async def oracle_transcript(
     return out
 
 
-async def oracle_transcripts(env_name: str, jobs, fmt, env_config, concurrency: int = 8) -> list[Transcript]:
+async def oracle_transcripts(
+    env_name: str, jobs, fmt, env_config, concurrency: int = 8, style: str = "default"
+) -> list[Transcript]:
     """Oracle transcripts of (task, answer_after) jobs, in order, `concurrency` at a time:
     an environment whose tool runs elsewhere (code's sandbox processes) overlaps them."""
     slots = asyncio.Semaphore(concurrency)
 
     async def one(task, after):
         async with slots:
-            return await oracle_transcript(env_name, task, answer_after=after, fmt=fmt, env_config=env_config)
+            return await oracle_transcript(
+                env_name, task, answer_after=after, fmt=fmt, env_config=env_config, style=style
+            )
 
     return await asyncio.gather(*(one(task, after) for task, after in jobs))
 
@@ -158,10 +169,11 @@ def oracle_rows(
     direct_at: str = "first_turn",
     fmt: ChatFormat | None = None,
     env_config: dict | None = None,
+    style: str = "default",
 ) -> dict:
     """One transcript per row: tokens, segment_ids, positions, loss_mask [len(tasks), L],
     L = the longest transcript rounded up to 16 (no row longer than needed), <= max_seq_len."""
-    run = functools.partial(oracle_transcripts, env_name, fmt=fmt, env_config=env_config)
+    run = functools.partial(oracle_transcripts, env_name, fmt=fmt, env_config=env_config, style=style)
     full = None
     if direct_frac > 0 and direct_at == "any_turn":  # how many calls each task takes
         full = asyncio.run(run([(task, None) for task in tasks]))
@@ -227,7 +239,9 @@ def warm_start(
     only the adapter learns; `params` are donated (their arrays are consumed: use the ones
     returned). compute: the learner's memory settings (the same path as its
     RL step); the step is refused before it runs if it cannot fit in free memory."""
-    data = oracle_rows(env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at, fmt, env_config)
+    data = oracle_rows(
+        env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at, fmt, env_config, cfg.oracle
+    )
     lr = cfg.learning_rate
     if cfg.schedule == "cosine":
         # A warm start shorter than its warmup warms up for all but its last step.

@@ -1,0 +1,69 @@
+"""The recipe for a pretrained checkpoint (`--model DIR`), on top of the environment's.
+
+The environment recipes (recipes.py) are the built-in byte policy's: a random 0.14 M
+model that needs thousands of behaviour-cloning steps at 3e-3 before RL has a signal. A
+pretrained instruct model reads the system prompt and writes language; what it lacks is
+the tool-call syntax and when to call. And on this 2-core machine each of its tokens costs
+about 1,000 times the byte model's, so every setting here spends tokens carefully.
+Measured on SmolLM2-135M-Instruct (`make real-model`; docs/RESULTS.md, "A real model",
+has the runs and the commands):
+
+- Turn length 48: the longest oracle action in SmolLM2's format (a Hermes `<tool_call>`
+  block with a nested expression, end of turn included) is 34 tokens; the byte policy's 32
+  cut it.
+- Warm start: zero-shot the model solves 0 of 64 held-out tasks, sampled or greedy (it
+  answers in prose or writes malformed calls), so RL alone has no signal. 24 steps of 8
+  demonstrations in its own chat format (half of them answer at once, as the byte
+  recipe's: the decision RL learns) at 3e-4 with 4 warmup steps: the step is ~28 s here,
+  so the warm start is ~11 minutes of the hour. The byte recipe's 3e-3 made the loss rise
+  (6.07 -> 7.59 in 2 steps, the last round's demo).
+- RL: full fine-tuning (memory is not what binds: 5.7 GB for the learner); 2 records a step
+  (~24 episodes, 3 groups of 8: a step of ~9 k tokens takes minutes, not seconds), a
+  version every step, and a constant rate of 2e-5 (no decay: too few steps to decay over).
+- Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
+  engine on a core, and a real model's turn takes seconds; the byte policy's 120 s cut
+  episodes by wall clock, not behaviour (45 of 64 held-out episodes "timed out" in a probe).
+  Catch-up chunks of 32 tokens: the prompts are hundreds of tokens.
+- The planner is off: it measures a learner step and the rollout rate at the model's size
+  (minutes of the hour); the settings above are what it would choose for a learner that
+  binds by a factor of ten.
+"""
+
+from __future__ import annotations
+
+# Settings every checkpoint gets, whatever its environment.
+COMMON: tuple[str, ...] = (
+    "--max_new_tokens_per_turn=48",
+    "--warmstart_steps=48",
+    "--warmstart_batch=4",
+    "--warmstart_tasks=400",
+    "--warmstart_direct_frac=0.5",
+    "--learner.warmstart_lr=3e-4",
+    "--learner.warmstart_warmup=4",
+    "--batch_records=2",
+    "--publish_every=1",
+    "--max_steps=12",
+    "--learner.learning_rate=5e-5",
+    "--learner.lr_warmup_steps=0",
+    "--learner.lr_decay=0.0",
+    "--timeout_s=3600",
+    "--plan=off",
+    "--rollout.episode_timeout_s=900",
+    "--rollout.engine_prefill=32",
+    "--learner.request_timeout_s=1800",
+    "--eval_episode_timeout_s=900",
+)
+
+# What an environment's checkpoint recipe changes on top of COMMON.
+BY_ENV: dict[str, tuple[str, ...]] = {
+    # One call with the whole expression, then its result (the tool takes up to two
+    # operations a call: every task's). Demonstrations chaining one call per operation
+    # left the model calling on after the answer was in (v0 0.031 after 24 steps of 8 and
+    # after 48 of 4: 36 of 64 episodes truncated in calls).
+    "calculator": ('--env_config={"max_ops_per_call": 2}', "--learner.warmstart_oracle=whole"),
+}
+
+
+def checkpoint_recipe(env: str) -> tuple[str, ...]:
+    """The flags a checkpoint's run of `env` starts from (any flag given overrides them)."""
+    return (*COMMON, *BY_ENV.get(env, ()))
