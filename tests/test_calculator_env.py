@@ -231,6 +231,8 @@ def test_registry():
     with pytest.raises(ValueError):
         E.register("calculator", lambda **kw: CalculatorEnv())
     assert E.load_entry_points() == []  # no plugins installed here
+
+
 def test_the_whole_expression_oracle_wins_every_task_in_one_call_where_the_tool_allows_it():
     """The checkpoint recipe's demonstrations (`--warmstart_oracle=whole`): one call with the
     task's whole expression, then its result; with one operation per call the tool refuses

@@ -31,6 +31,16 @@ def test_oracle_rows_solve_every_task_and_mask_only_actions():
     assert rows["tokens"].shape[1] % 16 == 0
 
 
+def test_the_whole_expression_style_demonstrates_one_call_per_task():
+    """`--warmstart_oracle=whole` (the checkpoint recipe's): every demonstration calls once
+    with the task's whole expression and answers its result, and still wins."""
+    settings = {"max_ops_per_call": 2}
+    rows = oracle_rows("calculator", TASKS, max_seq_len=256, env_config=settings, style="whole")
+    for task, text, actions in zip(TASKS, _texts(rows), _actions(rows), strict=True):
+        assert actions == f"<call calc>{task.meta['expression']}</call><answer>{task.target}</answer>"
+        assert f"<result>{task.target}</result>" in text
+
+
 def test_direct_answers_at_the_first_turn_make_one_decision():
     rows = oracle_rows("calculator", TASKS, max_seq_len=256, direct_frac=1.0, direct_at="first_turn")
     for task, actions in zip(TASKS, _actions(rows), strict=True):

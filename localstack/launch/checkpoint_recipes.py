@@ -12,21 +12,24 @@ has the runs and the commands):
   block with a nested expression, end of turn included) is 34 tokens; the byte policy's 32
   cut it.
 - Warm start: zero-shot the model solves 0 of 64 held-out tasks, sampled or greedy (it
-  answers in prose or writes malformed calls), so RL alone has no signal. 24 steps of 8
-  demonstrations in its own chat format (half of them answer at once, as the byte
-  recipe's: the decision RL learns) at 3e-4 with 4 warmup steps: the step is ~28 s here,
-  so the warm start is ~11 minutes of the hour. The byte recipe's 3e-3 made the loss rise
-  (6.07 -> 7.59 in 2 steps, the last round's demo).
-- RL: full fine-tuning (memory is not what binds: 5.7 GB for the learner); 2 records a step
-  (~24 episodes, 3 groups of 8: a step of ~9 k tokens takes minutes, not seconds), a
-  version every step, and a constant rate of 2e-5 (no decay: too few steps to decay over).
+  answers in prose or writes calls that are not JSON), so RL alone has no signal. 48 steps
+  of 4 demonstrations in its own chat format at 3e-4 (4 warmup steps, cosine): ~10 minutes
+  of the hour at ~14 s a step. The demonstrations call the tool once with the whole
+  expression (the calculator's BY_ENV below); a fifth of them answer at once, the decision
+  RL keeps. With half answering at once the model called well but did not answer with the
+  result (v0 held-out sampled 0.016-0.031 in probes): it needs the copy demonstrated more
+  often than the decision. The byte recipe's 3e-3 made the loss rise (6.07 -> 7.59 in 2
+  steps, the last round's demo).
+- RL: full fine-tuning (memory does not bind: the learner peaked at 7.3 GB of 24); 2
+  records a step (8 rows of 1,152: ~24 episodes, 3 groups of 8; a step is ~9 k tokens and
+  3.5-4.5 minutes beside rollout and evaluation), a version every step, and a constant rate
+  of 5e-5 (no decay: too few steps to decay over). 12 steps fill the hour.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
   engine on a core, and a real model's turn takes seconds; the byte policy's 120 s cut
   episodes by wall clock, not behaviour (45 of 64 held-out episodes "timed out" in a probe).
   Catch-up chunks of 32 tokens: the prompts are hundreds of tokens.
-- The planner is off: it measures a learner step and the rollout rate at the model's size
-  (minutes of the hour); the settings above are what it would choose for a learner that
-  binds by a factor of ten.
+- The planner is off: at this size its measurements (a learner step, the rollout rate)
+  take minutes of the hour. The credit window is the feeder's default, one batch ahead.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ COMMON: tuple[str, ...] = (
     "--warmstart_steps=48",
     "--warmstart_batch=4",
     "--warmstart_tasks=400",
-    "--warmstart_direct_frac=0.5",
+    "--warmstart_direct_frac=0.2",
     "--learner.warmstart_lr=3e-4",
     "--learner.warmstart_warmup=4",
     "--batch_records=2",
