@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         done = export.run(config.parse(export.ExportConfig, argv_export))
         out = done["out"]
         print(f"exported version {done['version']} of {a.store} to {out}")
-        hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
         hf_tok = transformers.AutoTokenizer.from_pretrained(out)
         fmt = chat_format_for(load_policy(out).tokenizer)
         env = environments.make(a.env)
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
             prompt = hf_tok.apply_chat_template(
                 messages, tools=fmt.style.template_tools(tools), add_generation_prompt=True, tokenize=True
             )
-            prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+            prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)  # a BatchEncoding or ids
             t0 = time.monotonic()
             with torch.no_grad():
                 gen = hf.generate(
