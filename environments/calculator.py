@@ -208,7 +208,7 @@ def oracle_action(task: Task, observations: list[str]) -> str:
     each result into the next; then answer with the last result. `observations` are the
     environment's replies so far (the prompt excluded)."""
     plan = _evaluation_plan(task.meta["expression"])
-    results = [int(m.group(1)) for o in observations if (m := re.fullmatch(r"<result>(-?\d+)</result>", o))]
+    results = [int(r) for r in _results(observations)]
     if len(results) < len(plan):
         left, op, right = (results[x[1]] if isinstance(x, tuple) else x for x in plan[len(results)])
         return f"<call {TOOL_NAME}>{left}{op}{right}</call>"
@@ -219,7 +219,12 @@ def whole_expression_action(task: Task, observations: list[str]) -> str:
     """The expert in one call: the task's whole expression to `calc`, then its result as
     the answer. What a pretrained model copies in a few dozen steps (the per-operation
     oracle's chained calls took a 135 M model past 48 steps without learning when to stop)."""
-    results = [m.group(1) for o in observations if (m := re.fullmatch(r"<result>(-?\d+)</result>", o))]
+    results = _results(observations)
     if results:
         return f"<answer>{results[-1]}</answer>"
     return f"<call {TOOL_NAME}>{task.meta['expression']}</call>"
+
+
+def _results(observations: list[str]) -> list[str]:
+    """The tool's results among the environment's replies, in order (errors skipped)."""
+    return [m.group(1) for o in observations if (m := re.fullmatch(r"<result>(-?\d+)</result>", o))]

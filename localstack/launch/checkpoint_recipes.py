@@ -3,8 +3,9 @@
 The environment recipes (recipes.py) are the built-in byte policy's: a random 0.14 M
 model that needs thousands of behaviour-cloning steps at 3e-3 before RL has a signal. A
 pretrained instruct model reads the system prompt and writes language; what it lacks is
-the tool-call syntax and when to call. And on this 2-core machine each of its tokens costs
-about 1,000 times the byte model's, so every setting here spends tokens carefully.
+the tool-call syntax and when to call. And it has about 1,000 times the byte model's
+parameters: on this 2-core machine it trains ~105 tokens/s alone, so every setting here
+spends tokens carefully.
 Measured on SmolLM2-135M-Instruct (`make real-model`; docs/RESULTS.md, "A real model",
 has the runs and the commands):
 
