@@ -49,3 +49,17 @@ def test_the_learner_refuses_a_layout_with_no_room_after_the_chat_prompt(ckpts):
     with pytest.raises(ValueError, match=r"prompt in its chat format is \d+ tokens .* at most 128 tokens"):
         check_prompt_fits(config.build(LearnerJobConfig, seq_len=128, **flags))
     check_prompt_fits(config.build(LearnerJobConfig, seq_len=512, max_trajectory_len=512, **flags))  # fits
+
+
+def test_rows_hold_one_group_and_the_episodes_are_the_warm_starts_oracles(ckpts):
+    """A real model's groups reach the packer minutes apart, one record each: rows beyond a
+    group's are padding. The episodes measured are the style the warm start demonstrates."""
+    calc = {"max_ops_per_call": 2}
+    default = layout_for_model(str(ckpts["qwen2"]), "calculator", 32, group_size=8, env_config=calc)
+    whole = layout_for_model(str(ckpts["qwen2"]), "calculator", 32, group_size=8, env_config=calc, oracle_style="whole")
+    for found in (default, whole):
+        lay = found.layout.layout
+        assert lay.rows * lay.max_segments_per_row >= 8 > (lay.rows - 1) * lay.max_segments_per_row
+    assert whole.oracle_tokens < default.oracle_tokens  # one call with the whole expression, not one per op
+    with pytest.raises(KeyError, match="no oracle style 'nope'"):
+        layout_for_model(str(ckpts["qwen2"]), "calculator", 32, env_config=calc, oracle_style="nope")

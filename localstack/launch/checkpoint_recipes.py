@@ -39,7 +39,7 @@ from __future__ import annotations
 # Settings every checkpoint gets, whatever its environment.
 COMMON: tuple[str, ...] = (
     "--max_new_tokens_per_turn=48",
-    "--warmstart_steps=48",
+    "--warmstart_steps=40",
     "--warmstart_batch=4",
     "--warmstart_tasks=400",
     "--warmstart_direct_frac=0.2",
@@ -57,6 +57,8 @@ COMMON: tuple[str, ...] = (
     "--rollout.engine_prefill=32",
     "--learner.request_timeout_s=1800",
     "--eval_episode_timeout_s=900",
+    "--max_wait_s=30",
+    "--eval_nice=10",
 )
 
 # What an environment's checkpoint recipe changes on top of COMMON.

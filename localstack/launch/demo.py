@@ -354,7 +354,14 @@ def with_model_layout(cfg: DemoConfig) -> DemoConfig:
     from localstack.launch.model_layout import layout_for_model
 
     turn = cfg.max_new_tokens_per_turn
-    found = layout_for_model(cfg.model, cfg.env, turn, env_config={**cfg.env_config, "tool_latency": "none"})
+    found = layout_for_model(
+        cfg.model,
+        cfg.env,
+        turn,
+        group_size=cfg.group_size,
+        env_config={**cfg.env_config, "tool_latency": "none"},
+        oracle_style=cfg.learner.warmstart.oracle,
+    )
     print(found.describe(), flush=True)
     return dataclasses.replace(cfg, layout=found.layout)
 
@@ -367,7 +374,7 @@ def main(argv=None) -> int:
         signal.signal(sig, _stop_on_signal)
     try:
         cfg = with_model_layout(cfg)
-    except (ValueError, FileNotFoundError) as e:  # before anything starts
+    except (ValueError, KeyError, FileNotFoundError) as e:  # before anything starts
         print(f"demo refused: {e}", file=sys.stderr)
         return 2
     try:

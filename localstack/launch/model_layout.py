@@ -18,12 +18,12 @@ import environments
 from core.contracts.record_shape import LayoutConfig
 from core.policy.chat_format import chat_format_for
 from core.policy.sources import policy_spec
+from environments.registry import DEFAULT_STYLE
 from trainer.learning.warmstart import oracle_transcript
 
 ALIGN = 64  # trajectory and row lengths are multiples of this (XLA-friendly, few shapes)
 MAX_SEGMENTS = 4  # trajectories per row at most
 PER_ROW = 3  # typical episodes per row
-ROWS = 4  # rows per record: about a dozen of a checkpoint's long episodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,20 +52,25 @@ def layout_for_model(
     model: str,
     env: str,
     max_new_tokens_per_turn: int,
-    rows: int = ROWS,
+    group_size: int = 8,
+    rows: int | None = None,
     episodes: int = 32,
     env_config: dict | None = None,
+    oracle_style: str = DEFAULT_STYLE,
 ) -> ModelLayout:
-    """The layout an `env` episode of checkpoint `model` needs: the longest oracle episode
-    plus two turns' worth of generation as headroom (a policy writes more than the oracle),
-    aligned; refused when that exceeds the checkpoint's context."""
+    """The layout an `env` episode of checkpoint `model` needs: the longest episode of the
+    oracle the warm start demonstrates (`oracle_style`) plus two turns' worth of generation
+    as headroom (a policy writes more than the oracle), aligned; refused when that exceeds
+    the checkpoint's context. Rows (unless given): as few as hold one group of `group_size`
+    typical episodes, since a real model's groups reach the packer minutes apart and each
+    becomes a record of its own (a run with room for 12 trained 8 a record: fill 0.53)."""
     spec = policy_spec(model)
     fmt = chat_format_for(spec.tokenizer)
     environments.load_entry_points()
     tasks = environments.make_tasks(env, 1, episodes, "train", env_config)
 
     async def transcripts():
-        return [await oracle_transcript(env, t, fmt=fmt, env_config=env_config) for t in tasks]
+        return [await oracle_transcript(env, t, fmt=fmt, env_config=env_config, style=oracle_style) for t in tasks]
 
     lengths = [len(t.tokens) for t in asyncio.run(transcripts())]
     env0 = environments.make(env, **(env_config or {}))
@@ -83,5 +88,6 @@ def layout_for_model(
     # dense attention (quadratic in the row) stays a small multiple of one episode's.
     seq_len = max(trajectory_len, _round_up(PER_ROW * median, ALIGN))
     segments = max(1, min(MAX_SEGMENTS, seq_len // max(median, 1)))
+    rows = rows or -(-group_size // segments)
     layout = LayoutConfig(rows=rows, seq_len=seq_len, max_segments_per_row=segments, max_trajectory_len=trajectory_len)
     return ModelLayout(layout, prompt, max(lengths), median, spec.cfg.max_seq_len)
