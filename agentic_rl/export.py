@@ -17,13 +17,15 @@ from pathlib import Path
 from core import config
 from core.config import knob
 from core.contracts.store import StoreError
+from core.staged_dir import refuse_non_empty, staged_dir
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ExportConfig:
     store: str = knob(help="policy store root: a directory or gs://…")
     version: int | None = knob(None, "the version to export (unset: LATEST)")
-    out: str = knob(help="the checkpoint directory to write (created; existing files are overwritten)")
+    out: str = knob(help="the checkpoint directory to write (written whole, then moved into place)")
+    overwrite: bool = knob(False, "replace an existing non-empty --out")
 
     def __post_init__(self):
         if self.version is not None and self.version < 0:
@@ -34,17 +36,20 @@ def run(cfg: ExportConfig) -> dict:
     from core.policy.hf_export import export_checkpoint
     from core.policy.sources import STORE_PREFIX, load_policy
 
+    refuse_non_empty(Path(cfg.out), cfg.overwrite, "export --overwrite")
     spec = f"{STORE_PREFIX}{cfg.store}" + ("" if cfg.version is None else f"@{cfg.version}")
     policy = load_policy(spec)
     tok = policy.tokenizer
-    out = export_checkpoint(cfg.out, policy.cfg, policy.model, bos_token_id=tok.bos_id, eos_token_id=_eos(tok))
     copied = []
-    for src in map(Path, tok.files()):  # at the same place in the new directory as in the old
-        rel = src.relative_to(policy.tokenizer_source)
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, out / rel)
-        copied.append(str(rel))
-    return {"out": str(out), "version": policy.version, "tokenizer_files": copied}
+    # A kill midway leaves no --out, only a hidden sibling: never a half checkpoint.
+    with staged_dir(cfg.out, "exporting") as tmp:
+        export_checkpoint(tmp, policy.cfg, policy.model, bos_token_id=tok.bos_id, eos_token_id=_eos(tok))
+        for src in map(Path, tok.files()):  # at the same place in the new directory as in the old
+            rel = src.relative_to(policy.tokenizer_source)
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, tmp / rel)
+            copied.append(str(rel))
+    return {"out": cfg.out, "version": policy.version, "tokenizer_files": copied}
 
 
 def _eos(tok):

@@ -26,7 +26,7 @@ def test_a_step_is_durable_only_with_its_manifest(ckpt_dir):
     state = train_state(2)
     with LearnerCheckpointer(ckpt_dir) as ckpt:
         ckpt.save(3, state, meta_for(3))
-        while ckpt.saving():  # the learner's acks wait for this to turn False
+        while ckpt.durable_step() != 3:  # the learner's acks of step 3's records wait for this
             pass
         doc = json.loads(_files(ckpt).read_text(f"{ckpt_dir}/3/{MANIFEST}"))
         listing = _files(ckpt).walk(f"{ckpt_dir}/3")
@@ -39,12 +39,14 @@ def test_a_step_is_durable_once_the_next_save_begins(ckpt_dir):
     then, not only once a poll finds no save in flight (a learner that saves at every
     publish may never find one: test_resume's reader saw no durable step in 1,000)."""
     with LearnerCheckpointer(ckpt_dir) as ckpt:
+        assert ckpt.durable_step() is None
         ckpt.save(3, train_state(2), meta_for(3))
-        ckpt.save(5, train_state(2), meta_for(5))  # nobody asks saving() in between
+        ckpt.save(5, train_state(2), meta_for(5))  # nobody asks durable_step() in between
         reader = LearnerCheckpointer(ckpt_dir, read_only=True)
-        assert reader.latest_step() == 3  # 5 has no manifest before saving() or close()
+        assert reader.latest_step() == 3  # 5 has no manifest before durable_step() or close()
+        assert ckpt.durable_step() in (3, 5)  # 3 at least, whatever 5's save is doing
         assert reader.read_meta(3)["feeder_position"] == meta_for(3)["feeder_position"]
-    assert reader.latest_step() == 5
+    assert reader.latest_step() == 5 and ckpt.durable_step() == 5
 
 
 def _largest_data_file(step_dir: str) -> Path:

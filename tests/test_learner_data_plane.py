@@ -45,7 +45,7 @@ class FakeConsumer:
     def take_dropped(self):
         return []
 
-    def checkpoint_ids(self, version):
+    def checkpoint_ids(self, version, step):
         return dict.fromkeys(self.settled, version)
 
 
@@ -90,7 +90,7 @@ def test_it_polls_only_when_no_batch_is_ready_and_returns_the_credits():
     second = plane.next_batch(0)  # ready already: no poll
     assert second is not None and plane.consumer.polls == 2
     plane.settle(second, {}, 0.1, 1.0)
-    assert plane.publish_due(2) and plane.checkpoint_ids(1).keys() == {r.record_id for r in recs}
+    assert plane.publish_due(2) and plane.checkpoint_ids(1, 2).keys() == {r.record_id for r in recs}
     trajectories = sum(len(r.trajectories) for r in recs)
     a = plane.accounting()
     assert a.balanced and a.received == a.trained == trajectories

@@ -149,3 +149,20 @@ def test_a_learner_training_on_buffered_records_is_not_starving():
     clock.t = 480
     watch.check(0, acc(requested=256, zero_signal=120))  # 250 s since the step, but 20 new drops
     assert watch.stopped is None and watch.waiting is not None
+
+
+def test_the_live_panel_shows_the_records_held_until_their_checkpoint_lands(tmp_path):
+    import json
+    import time
+
+    from localstack.reports.live import RunState
+
+    (tmp_path / "logs" / "learner").mkdir(parents=True)
+    row = {"wall_time": time.time(), "step": 4, "policy/version": 4, "staleness/mean": 1.0, "staleness/max": 2}
+    row |= dict.fromkeys(["perf/trained_tokens_per_s_recent", "perf/trained_tokens_per_s"], 10.0)
+    row |= dict.fromkeys(["perf/duty_cycle_recent", "perf/duty_cycle"], 0.5)
+    row["data/records_held_unacked"] = 7
+    (tmp_path / "logs" / "learner" / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    state = RunState(tmp_path, 10)
+    state.refresh()
+    assert dict(state.fields())["records held, not acked"] == "7"

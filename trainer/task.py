@@ -100,7 +100,7 @@ def run(cfg: LearnerJobConfig) -> RunSummary | None:
                 with tel.span("publish", version=publisher.version + 1):
                     publisher.publish()
                 with tel.span("checkpoint"):  # its records are acked once it is durable
-                    publisher.checkpoint(plane.feeder_position, plane.checkpoint_ids(publisher.version))
+                    publisher.checkpoint(plane.feeder_position, plane.checkpoint_ids(publisher.version, learner.steps))
                 plane.published()
             row = tel.on_step(learner.steps, publisher.version, stats, batch, metrics, step_s, plane)
             log.info(

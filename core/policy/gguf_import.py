@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
-import tempfile
 from pathlib import Path
 
 import ml_dtypes
@@ -24,6 +21,7 @@ from safetensors.numpy import save_file
 
 from core.policy.gguf_reader import GGUFModel, read_gguf
 from core.policy.gguf_tokenizer import build_tokenizer, tokenizer_json
+from core.staged_dir import refuse_non_empty, staged_dir
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 SHARD_BYTES = 4 << 30
@@ -36,8 +34,7 @@ def import_gguf(gguf_file: str | Path, out: str | Path, dtype: str = "float32", 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     out = Path(out)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out}: exists and is not empty; remove it (import-gguf --overwrite replaces it)")
+    refuse_non_empty(out, overwrite, "import-gguf --overwrite")
     model = read_gguf(gguf_file)
     tok = build_tokenizer(model.metadata, str(model.path), max_length=model.cfg.max_seq_len)
     if tok.tokenizer.get_vocab_size(with_added_tokens=True) > model.cfg.vocab_size:
@@ -50,19 +47,12 @@ def import_gguf(gguf_file: str | Path, out: str | Path, dtype: str = "float32", 
     config = {**model.config, "bos_token_id": tok.bos_id, "eos_token_id": eos_id, "torch_dtype": dtype, "dtype": dtype}
     generation = {k: v for k, v in (("bos_token_id", tok.bos_id), ("eos_token_id", eos_id)) if v is not None}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.importing-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()  # not mkdtemp: DIR gets the umask's permissions, not 0700
-    try:
+    with staged_dir(out, "importing") as tmp:
         _write_weights(tmp, model, DTYPES[dtype])
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", generation)
         (tmp / "tokenizer.json").write_text(tokenizer_json(tok.tokenizer), encoding="utf-8")
         _write_json(tmp / "tokenizer_config.json", tok.config)
-        _replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -106,15 +96,3 @@ def _write_weights(tmp: Path, model: GGUFModel, dtype) -> None:
         total = sum(int(np.prod(s)) * itemsize for s in model.shapes().values())
         weight_map = {name: file for file, names in zip(files, shards) for name in names}
         _write_json(tmp / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """tmp becomes out. An existing out is moved aside first and removed after, so out is
-    at every moment either the old directory or the whole new one."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
-    os.replace(out, old / "dir")
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)

@@ -93,6 +93,8 @@ class RunState:
                     f"{L['perf/duty_cycle_recent']:.2f} recent   {L['perf/duty_cycle']:.2f} whole run",
                 ),
                 ("staleness", f"mean {L['staleness/mean']:.2f}   max {L['staleness/max']}"),
+                # Acked once the checkpoint that holds them lands; a crash redelivers these.
+                ("records held, not acked", f"{L.get('data/records_held_unacked', 0)}"),
             ]
         if self.evals:
             parts = [f"{m} {r['success']:.3f} (v{r['version']})" for m, r in sorted(self.evals.items())]

@@ -297,7 +297,7 @@ def make_consumer(cfg: LearnerJobConfig, layout: RecordLayout, start: Start, che
         delivery=cfg.delivery,
         max_trajectory_len=layout.trajectory_len,
         consumed=start.consumed_ids,
-        durable=None if checkpointer is None else (lambda: not checkpointer.saving()),
+        durable=None if checkpointer is None else checkpointer.durable_step,
     )
 
 

@@ -73,7 +73,7 @@ class LearnerCheckpointer:
 
         Orbax has no checksum of its own (OCDBT chunks are zstd with none), so, as policy
         versions do (core/contracts/manifest.py), each step gets a manifest once Orbax has
-        finalised it. A step counts as durable (`saving()` False) only once its manifest
+        finalised it. A step counts as durable (`durable_step()`) only once its manifest
         is written, so a crash between the two leaves a step no record's ack relied on:
         restore skips it, and its successor's save replaces it."""
         self.allow_unverified, self.read_only = allow_unverified, read_only
@@ -92,6 +92,7 @@ class LearnerCheckpointer:
         self._mngr = ocp.CheckpointManager(self.directory, options=options)
         self._files = files_for(os.fspath(self.directory))
         self._unhashed: list[int] = []  # saved by us, manifest not yet written
+        self._durable: int | None = None  # the newest step we saved whose manifest is written
         self._closed = False
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, wait: bool = False) -> None:
@@ -110,7 +111,7 @@ class LearnerCheckpointer:
             self._files.write_text(marker, "steps here carry manifest.json\n")
         self._mngr.save(step, args=args, force=True)
         # Orbax finalises the previous save before it starts this one: that step is final
-        # now, so it gets its manifest here. Left to `saving()` it would wait for a poll
+        # now, so it gets its manifest here. Left to `durable_step()` it would wait for a poll
         # with no save in flight, which a learner saving at every publish may never have.
         self._write_manifests()
         self._unhashed.append(step)
@@ -125,7 +126,7 @@ class LearnerCheckpointer:
         """Hashes the steps Orbax has finalised since the last call (read back: on gs:// it
         is what the bucket holds). Only process 0 writes (the directory is shared); another
         process keeps a step pending until process 0's manifest for it exists, so its
-        `saving()` cannot report a step durable that a restore would skip."""
+        `durable_step()` cannot report a step durable that a restore would skip."""
         import jax
 
         steps, self._unhashed = self._unhashed, []
@@ -133,7 +134,9 @@ class LearnerCheckpointer:
             root = self._step_dir(step)
             if jax.process_index() != 0:
                 # Process 0 may be writing the manifest now: look for it, not at the files.
-                if not self._files.exists(f"{root}/{MANIFEST}") and self._files.walk(root):
+                if self._files.exists(f"{root}/{MANIFEST}"):
+                    self._durable = max(step, self._durable or 0)
+                elif self._files.walk(root):
                     self._unhashed.append(step)
                 continue
             if not self._files.walk(root):
@@ -141,6 +144,7 @@ class LearnerCheckpointer:
             files = mf.build(self._files.walk(root), lambda rel, r=root: self._files.sha256(f"{r}/{rel}"), MANIFEST)
             doc = {"manifest_version": mf.MANIFEST_VERSION, "step": step, "manifest": files}
             self._files.write_text(f"{root}/{MANIFEST}", json.dumps(doc))
+            self._durable = max(step, self._durable or 0)
 
     def _manifest(self, step: int) -> dict | None:
         text = self._files.read_text(f"{self._step_dir(step)}/{MANIFEST}")
@@ -220,14 +224,14 @@ class LearnerCheckpointer:
             return None
         return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-    def saving(self) -> bool:
-        """True while a save is in flight (not yet durable: finalised and its manifest written)."""
-        if self._closed:
-            return False
-        if self._mngr.is_saving_in_progress():
-            return True
-        self._write_manifests()
-        return bool(self._unhashed)
+    def durable_step(self) -> int | None:
+        """The newest step this process saved that is durable (its manifest written), while
+        later saves may be in flight: what the records it covers may be acked against. A
+        learner saving at every publish always has one in flight, so 'no save in flight'
+        would hold its acks until it stops."""
+        if not self._closed and not self._mngr.is_saving_in_progress():
+            self._write_manifests()
+        return self._durable
 
     def wait_until_finished(self, manifest_timeout_s: float = 120.0) -> None:
         self._mngr.wait_until_finished()

@@ -27,7 +27,8 @@ class RecordConsumer:
     reason, then acked: it never reaches the learner and never blocks the subscription.
 
     An accepted record is held, not acked, until `settle` says it was trained or dropped
-    and a durable checkpoint covers it (`durable()` true: no save in flight). With
+    and a durable checkpoint covers it: the step its save began at is at most `durable()`,
+    the newest durable checkpoint step, whatever saves are in flight after it. With
     `durable=None` (a learner without checkpoints) a settled record is acked at once."""
 
     def __init__(
@@ -38,7 +39,7 @@ class RecordConsumer:
         *,
         delivery: DeliveryConfig = DeliveryConfig(),
         consumed: dict[str, int] | None = None,
-        durable: Callable[[], bool] | None = None,
+        durable: Callable[[], int | None] | None = None,
         max_trajectory_len: int | None = None,
     ):
         self.subscription = subscription
@@ -111,17 +112,15 @@ class RecordConsumer:
         never came from Pub/Sub: nothing to settle)."""
         self.deliveries.settle(r.record_id for r in records if r.record_id != PADDING_ID)
 
-    def checkpoint_ids(self, learner_version: int) -> dict[str, int]:
-        """Call as a checkpoint save begins: the dedup set it must hold (record id -> oldest
-        policy version); what is settled now is acked once the save is durable."""
-        return self.deliveries.checkpoint(learner_version)
+    def checkpoint_ids(self, learner_version: int, step: int) -> dict[str, int]:
+        """Call as checkpoint `step`'s save begins: the dedup set it must hold (record id ->
+        oldest policy version); what is settled now is acked once that step is durable."""
+        return self.deliveries.checkpoint(learner_version, step)
 
     def _acknowledge(self) -> None:
         d = self.deliveries
-        if self.durable is None:
-            self._call("ack", pubsub_io.ack, d.take_settled())
-        elif self.durable():
-            self._call("ack", pubsub_io.ack, d.take_covered())
+        acks = d.take_settled() if self.durable is None else d.take_covered(self.durable())
+        self._call("ack", pubsub_io.ack, acks)
         extend = d.due_for_extension()
         self._call("extend", pubsub_io.modify_ack_deadline, extend, d.cfg.ack_deadline_s)
 

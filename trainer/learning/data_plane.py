@@ -86,9 +86,9 @@ class DataPlane:
         """Where the prompt stream stands: what a resumed learner skips."""
         return self.feeder.published if self.feeder else 0
 
-    def checkpoint_ids(self, version: int) -> dict[str, int]:
-        """A checkpoint save is about to begin: the dedup ids it must hold."""
-        return self.consumer.checkpoint_ids(version)
+    def checkpoint_ids(self, version: int, step: int) -> dict[str, int]:
+        """Checkpoint `step`'s save is about to begin: the dedup ids it must hold."""
+        return self.consumer.checkpoint_ids(version, step)
 
     def published(self) -> None:
         """A version was published and checkpointed: a sync run may open its next round."""

@@ -4,7 +4,8 @@ delivery without loss, and a dedup state that stays bounded.
 A record's life on the learner:
     held      pulled and accepted, not acked; its ack deadline is extended while held
     settled   its fate is decided (trained, or dropped as stale); still held
-    covered   settled before a checkpoint save began; acked once no save is in flight
+    covered   settled before checkpoint step S's save began; acked once step S is durable
+              (its manifest written), whatever saves are in flight after it
     consumed  its id is in the dedup set (and in every checkpoint from then on)
 
 So a learner killed at any point loses nothing: a record is acked only after a durable
@@ -55,7 +56,7 @@ class _Held:
     ack_ids: list[str]
     min_version: int
     settled: bool = False
-    covered: bool = False
+    covered_by: int | None = None  # the checkpoint step whose save holds its effect and id
 
 
 class Deliveries:
@@ -92,10 +93,13 @@ class Deliveries:
             self.consumed[rid] = held.min_version
         self.peak_consumed = max(self.peak_consumed, len(self.consumed))
 
-    def checkpoint(self, learner_version: int) -> dict[str, int]:
-        """A save is about to begin: what is settled now is covered by it. Forgets ids past
-        the staleness horizon; returns the dedup set the checkpoint must hold."""
-        self._cover_settled()
+    def checkpoint(self, learner_version: int, step: int) -> dict[str, int]:
+        """Checkpoint `step`'s save is about to begin: what is settled now and not covered by
+        an earlier save is covered by this one. Forgets ids past the staleness horizon;
+        returns the dedup set the checkpoint must hold."""
+        for held in self.held.values():
+            if held.settled and held.covered_by is None:
+                held.covered_by = step
         floor = learner_version - self.cfg.max_staleness
         old = [rid for rid, v in self.consumed.items() if 0 <= v < floor and rid not in self.held]
         for rid in old:
@@ -103,20 +107,19 @@ class Deliveries:
         self.expired += len(old)
         return dict(self.consumed)
 
-    def take_covered(self) -> list[str]:
-        """Ack ids of every covered record (call once no checkpoint save is in flight)."""
-        done = [rid for rid, h in self.held.items() if h.covered]
+    def take_covered(self, durable_step: int | None) -> list[str]:
+        """Ack ids of every record covered by checkpoint `durable_step` or an earlier one:
+        that step is durable, so they are (None: no step is durable yet)."""
+        if durable_step is None:
+            return []
+        done = [rid for rid, h in self.held.items() if h.covered_by is not None and h.covered_by <= durable_step]
         return [a for rid in done for a in self.held.pop(rid).ack_ids]
 
     def take_settled(self) -> list[str]:
         """Ack ids of every settled record, covered or not: for a learner without checkpoints,
         where a record is as durable as it will ever be once it is settled."""
-        self._cover_settled()
-        return self.take_covered()
-
-    def _cover_settled(self) -> None:
-        for held in self.held.values():
-            held.covered = held.covered or held.settled
+        done = [rid for rid, h in self.held.items() if h.settled]
+        return [a for rid in done for a in self.held.pop(rid).ack_ids]
 
     def due_for_extension(self) -> list[str]:
         """Every held ack id, when the last extension is extend_every_s old; else []."""

@@ -81,5 +81,5 @@ class FollowerPlane:
     def close(self) -> None: ...
     def published(self) -> None: ...
 
-    def checkpoint_ids(self, version: int) -> dict[str, int]:
+    def checkpoint_ids(self, version: int, step: int) -> dict[str, int]:
         return {}  # process 0's dedup set is the checkpoint's (Orbax writes its JSON)
