@@ -13,8 +13,6 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from core import config
 from pipelines.config import RolloutJobConfig, from_values
-from pipelines.packing_config import PackingConfig
-from rollout.engine_config import EngineConfig
 
 
 class _ListFlagsAsText:
@@ -47,19 +45,7 @@ class RolloutOptions(PipelineOptions):
         config.add_arguments(_ListFlagsAsText(parser), RolloutJobConfig)
 
 
-# One options class holds every flag of the tree (two would register them twice).
-EngineOptions = RolloutOptions
-
-
 def rollout_config(options: PipelineOptions) -> RolloutJobConfig:
     """The whole checked tree from Beam's options (the launcher's, or those a worker
     re-creates): a bad setting is refused with a ValueError naming it."""
     return from_values(options.get_all_options())
-
-
-def packing_config(options: PipelineOptions) -> PackingConfig:
-    return rollout_config(options).packing
-
-
-def engine_config(options: PipelineOptions) -> EngineConfig:
-    return rollout_config(options).engine

@@ -18,7 +18,7 @@ from test_packing import make_trajectory
 from core.contracts import records as R
 from core.contracts.record_shape import RecordShape
 from pipelines import bucketing
-from pipelines.options import RolloutOptions, packing_config
+from pipelines.options import RolloutOptions, rollout_config
 from pipelines.packing import pack
 from pipelines.packing_config import PackingConfig, record_bytes_upper_bound
 
@@ -189,7 +189,7 @@ BASE = [
 
 
 def config_from(*flags) -> PackingConfig:
-    return packing_config(PipelineOptions(BASE + list(flags)).view_as(RolloutOptions))
+    return rollout_config(PipelineOptions(BASE + list(flags)).view_as(RolloutOptions)).packing
 
 
 def test_flags_default_to_one_bucket_of_seq_len():

@@ -7,7 +7,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from core import config
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from pipelines.config import RolloutJobConfig
-from pipelines.options import engine_config
+from pipelines.options import rollout_config
 from rollout.engine_config import EngineConfig
 from trainer import task
 from trainer.config import LearnerJobConfig
@@ -51,7 +51,7 @@ def test_pipeline_flags_build_the_engine_config():
         "--policy_wait_s=60",
         "--advantage_estimator=rloo",
     ]
-    cfg = engine_config(PipelineOptions(flags))
+    cfg = rollout_config(PipelineOptions(flags)).engine
     assert cfg == EngineConfig(
         policy_root="/store",
         slots=32,
@@ -65,7 +65,7 @@ def test_pipeline_flags_build_the_engine_config():
         advantage_estimator="rloo",
     )
     assert cfg.limits.max_tokens == 256 and cfg.limits.max_new_tokens_per_turn == 24
-    assert engine_config(PipelineOptions([*flags, "--max_trajectory_len=512"])).max_tokens == 512
+    assert rollout_config(PipelineOptions([*flags, "--max_trajectory_len=512"])).engine.max_tokens == 512
 
 
 def _choices(parser, dest):

@@ -32,14 +32,14 @@ def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):
     assert r["plan"]["max_in_flight"] % g == 0 and r["plan"]["max_in_flight"] >= 2 * 4 * 4 + g
     assert r["rollout_rate_source"].startswith("engine only")
     # The flags parse in the jobs that take them.
-    from pipelines.options import EngineOptions
+    from pipelines.options import RolloutOptions
     from trainer.task import parse_config as learner_config
 
     base = ["--requests_topic=t", "--records_subscription=s", "--policy_root=/x"]
     learner = learner_config([*base, *r["learner_flags"]])
     assert learner.credits.max_in_flight == r["plan"]["max_in_flight"]
     assert learner.staleness.max_staleness == r["plan"]["max_staleness"]
-    opts = EngineOptions(r["pipeline_flags"])
+    opts = RolloutOptions(r["pipeline_flags"])
     assert opts.max_concurrent_groups == r["plan"]["max_concurrent_groups"]
     assert any("bound by" in line for line in plan.describe(r))
 

@@ -103,7 +103,9 @@ def test_an_overwriting_import_killed_midway_leaves_the_old_checkpoint_whole(tmp
 def test_an_export_killed_midway_leaves_no_checkpoint_and_the_next_export_cleans_up(tmp_path):
     policy = load_policy(str(write_tiny_checkpoint(tmp_path / "ckpt", "qwen2")))
     store = PolicyStore(str(tmp_path / "store"))
-    store.publish(0, nnx.to_pure_dict(split_params(policy.model)[1]), policy_metadata(policy.cfg, policy.tokenizer_source))
+    store.publish(
+        0, nnx.to_pure_dict(split_params(policy.model)[1]), policy_metadata(policy.cfg, policy.tokenizer_source)
+    )
     out, mark = tmp_path / "exported", tmp_path / "mark"
     _killed_midway(
         f"""

@@ -13,17 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-
-def group_alive(pgid: int) -> bool:
-    """True while a non-zombie process is in the group (zombies hold no port)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:  # fields after the ")" closing the command name: state ppid pgrp ...
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the process exited while we looked
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+# The watchdog is the lower layer (it runs alone, as its own process): it never imports this.
+from localstack.launch.watchdog import Watchdog, group_alive
 
 
 def group_rss_bytes(pgid: int) -> int:
@@ -60,8 +51,6 @@ def start_watchdog():
     if _watchdog is None:
         import atexit
         import tempfile
-
-        from localstack.launch.watchdog import Watchdog
 
         fd, registry = tempfile.mkstemp(prefix="agentic-rl-watchdog-", suffix=".groups")
         os.close(fd)

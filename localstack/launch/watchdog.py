@@ -53,6 +53,18 @@ def read_registry(path: Path) -> list[int]:
     return list(live)
 
 
+def group_alive(pgid: int) -> bool:
+    """True while a non-zombie process is in the group (zombies hold no port)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # fields after the ")" closing the command name: state ppid pgrp ...
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process exited while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 def alive(pid: int) -> bool:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -62,8 +74,6 @@ def alive(pid: int) -> bool:
 
 
 def stop_groups(pgids: list[int], grace_s: float) -> None:
-    from localstack.launch.processes import group_alive
-
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
         for g in pgids:
             try:

@@ -23,7 +23,6 @@ class RunStats:
         self.record_versions = collections.Counter()  # max policy version in each record
         self.last_metrics: dict[str, float] = {}
         self.trained_tokens = 0
-        self.trained_loss_tokens = 0
         self.flops = 0.0
         self.trained_ids: set[str] = set()
         self.trained_trajectories = 0
@@ -55,7 +54,6 @@ class RunStats:
         for r in batch:
             arrays = r.arrays()
             self.tokens_verified += sum(1 for t in r.trajectories if t.digest and digest_matches(arrays, t))
-        self.trained_loss_tokens += sum(r.num_loss_tokens for r in batch)
         if self.first_step_end is None:
             self.first_step_end, self.first_step_s, self.first_step_tokens = (
                 time.monotonic(),
