@@ -10,10 +10,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1
 
-# bubblewrap: the "code" environment's sandbox (used by warm-start episodes); without it
-# the sandbox falls back to rlimits only and says so.
+# bubblewrap and libseccomp: the "code" environment's sandbox and its syscall filter. Without
+# bubblewrap the sandbox falls back to rlimits only, without libseccomp it runs unfiltered;
+# either way it says so.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap \
+    && apt-get install -y --no-install-recommends bubblewrap libseccomp2 \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

@@ -36,6 +36,9 @@ setup(
         "tokenizers>=0.20",
         "jinja2>=3.1.6",  # chat templates, sandboxed; older releases have sandbox escapes
         "gguf>=0.17",  # llama.cpp GGUF files read and dequantised (agentic-rl import-gguf; transformers' GGUF oracle)
+        # The sandbox's syscall filter: ctypes over the system's libseccomp.so.2 (without
+        # either, model code runs unfiltered, with a loud warning).
+        "pyseccomp>=0.1.2",
     ],
     extras_require={
         "test": [

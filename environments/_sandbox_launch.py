@@ -1,8 +1,9 @@
 """The command line of one sandboxed run (internals of `environments.sandbox`).
 
 Builds the bubblewrap argv (namespaces, read-only binds, the private /tmp and the files
-copied into it from memfds) and wraps any argv so rlimits and the uid drop happen in the
-child before the program starts (`prlimit` + `setpriv`, or a preexec_fn without them).
+copied into it from memfds, the syscall filter from another memfd) and wraps any argv so
+rlimits and the uid drop happen in the child before the program starts (`prlimit` +
+`setpriv`, or a preexec_fn without them).
 Paths to the tools and the interpreter are passed in, so overrides of the module-level
 settings in `environments.sandbox` (tests, deployments) reach every run.
 """
@@ -18,10 +19,17 @@ if TYPE_CHECKING:
 
 
 def bwrap_argv(
-    bw: list[str], tmp_bytes: int, blobs: dict[str, bytes], inner: list[str], fds: list[int], python: str
+    bw: list[str],
+    tmp_bytes: int,
+    blobs: dict[str, bytes],
+    inner: list[str],
+    fds: list[int],
+    python: str,
+    seccomp: bytes | None = None,
 ) -> list[str]:
-    """bwrap argv running `inner` in /tmp with `blobs` in it. Each file's memfd is appended
-    to `fds` as soon as it exists, so the caller closes it even if a later one fails."""
+    """bwrap argv running `inner` in /tmp with `blobs` in it, under the BPF program `seccomp`
+    when given. Each memfd (files, filter) is appended to `fds` as soon as it exists, so the
+    caller closes it even if a later one fails."""
     argv = [
         *bw,
         "--unshare-all",
@@ -47,6 +55,9 @@ def bwrap_argv(
     for name, blob in blobs.items():
         fds.append(memfd(blob))
         argv += ["--file", str(fds[-1]), f"/tmp/{name}"]
+    if seccomp is not None:  # bwrap loads it in the program's process, right before exec
+        fds.append(memfd(seccomp))
+        argv += ["--seccomp", str(fds[-1])]
     return argv + ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--", *inner]
 
 

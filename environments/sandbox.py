@@ -1,29 +1,41 @@
-"""Run untrusted Python source with hard bounds: bubblewrap + a throwaway uid + rlimits.
+"""Run untrusted Python source with hard bounds: bubblewrap + seccomp + a throwaway uid + rlimits.
 
 Model-written code is hostile, so every run gets, in layers:
   - bwrap: every namespace unshared (no network), a fresh pid namespace whose pid 1 dies
     with us (`--die-with-parent`), read-only /usr and nothing else from the host, a
     size-capped private tmpfs /tmp as the only writable place, a clean environment,
     uid 65534 inside, read-only `/` and `/dev` (both are RAM-backed tmpfs otherwise).
+  - a seccomp filter (`_sandbox_seccomp`, loaded by bwrap): EPERM for the syscalls where
+    kernel escapes live and that no answer needs (ptrace, keyctl, bpf, perf_event_open,
+    userfaultfd, mount and namespace calls, clone with a namespace flag, module loading, ...),
+    ENOSYS for clone3. Where pyseccomp or libseccomp.so is missing, or bwrap cannot load
+    the filter, runs go on without it and warn loudly ("no syscall filter").
   - a fresh unprivileged HOST uid per run when we are root: the kernel exempts root
     (INIT_USER) from RLIMIT_NPROC even inside a user namespace, and that limit is what
     stops a fork bomb. One uid per run, so concurrent sandboxes do not share a budget.
   - rlimits (CPU, address space, processes, file size, open files, no core, no realtime
     priority) set by `prlimit` before `setpriv` drops the uid; no preexec_fn, so the spawn
     stays a cheap vfork even from a big, multi-threaded rollout worker (a preexec_fn only
-    where util-linux is missing). Memory is bounded per process: the worst case is
-    max_processes x (memory_bytes + max_open_files x max_file_bytes), since a memfd is a
-    file whose pages are outside the address space (a cgroup would cap the sum; none is
-    assumed writable on a worker).
+    where util-linux is missing).
   - a wall-clock deadline and bounded reads of stdout/stderr; past either, the sandbox is
     SIGKILLed: its pid 1 goes, and with it every process in the namespace.
 Without bwrap (or where it cannot start) a run falls back to rlimits + uid + timeout,
-`isolated=False`, with a loud warning: the code can then read host files and use the net.
+`isolated=False`, with a loud warning: the code can then read host files and use the net,
+and no syscall filter is loaded (it rides on bwrap's `--seccomp`).
+
+Memory of a whole run: a cgroup v2 memory controller would cap the sum, but none is assumed
+writable on a worker (containers, cgroup v1 hosts), so the bound in force is the per-process
+one times a small process count: at most max_processes x (memory_bytes + max_open_files x
+max_file_bytes) + tmp_bytes (a memfd or pipe holds pages outside the address space, up to
+max_file_bytes each; /tmp is tmpfs). `SandboxLimits` refuses limits whose worst case is over
+`max_run_memory_bytes`. The count is per run when a throwaway uid is used (we are root);
+otherwise the caller's own tasks share RLIMIT_NPROC and the count is relative to them.
+bwrap's own two processes count against RLIMIT_NPROC too but are fixed and small.
 
 This module is the public face (limits, results, run_python, choosing the mode, one run);
 the parts of a run live next to it: `_sandbox_launch` (bwrap and rlimit command lines),
-`_sandbox_procs` (throwaway uids, killing what a run left) and `_sandbox_output` (bounded
-reads of stdout/stderr).
+`_sandbox_seccomp` (the syscall filter), `_sandbox_procs` (throwaway uids, killing what a
+run left) and `_sandbox_output` (bounded reads of stdout/stderr).
 """
 
 from __future__ import annotations
@@ -42,15 +54,17 @@ import tempfile
 import threading
 import time
 
+from environments import _sandbox_seccomp
 from environments._sandbox_launch import bwrap_argv, limited, memfd
 from environments._sandbox_output import pump
 from environments._sandbox_procs import UID_BASE, alloc_uid, kill, kill_uid, tasks_of_uid
 
 log = logging.getLogger(__name__)
 
-KiB, MiB = 1024, 1024 * 1024
+KiB, MiB, GiB = 1024, 1024 * 1024, 1024**3
 # Module-level so tests and deployments can override them; BWRAP_PATH=None forces fallback.
 BWRAP_PATH: str | None = shutil.which("bwrap")
+SECCOMP_FILTER = True  # False: bwrap runs without the syscall filter (and warns)
 PRLIMIT_PATH: str | None = shutil.which("prlimit")
 SETPRIV_PATH: str | None = shutil.which("setpriv")
 # The distro interpreter lives under /usr, so nothing under /root or /work is bound.
@@ -66,13 +80,24 @@ _AUTO = object()
 class SandboxLimits:
     cpu_seconds: int = 2  # RLIMIT_CPU per process (SIGXCPU, then SIGKILL 1 s later)
     wall_seconds: float = 5.0  # whole run, start to kill
-    memory_bytes: int = 512 * MiB  # RLIMIT_AS per process
-    max_processes: int = 16  # processes+threads the program may have, itself included
+    memory_bytes: int = 384 * MiB  # RLIMIT_AS per process
+    # Processes+threads the program may have, itself included. Small: with the per-process
+    # limits it is what bounds a whole run's memory (the module docstring).
+    max_processes: int = 4
     max_file_bytes: int = 1 * MiB  # RLIMIT_FSIZE: largest file it may write
-    # RLIMIT_NOFILE. Also a memory bound: each memfd or socket holds RAM outside RLIMIT_AS.
-    max_open_files: int = 128
+    # RLIMIT_NOFILE. Also a memory bound: each memfd or pipe holds RAM outside RLIMIT_AS.
+    max_open_files: int = 32
     max_output_bytes: int = 64 * KiB  # kept from stdout, and again from stderr
     tmp_bytes: int = 16 * MiB  # size of the private /tmp (tmpfs pages are RAM)
+    # Refuses limits whose worst_case_memory_bytes is larger (defaults: 1680 MiB).
+    max_run_memory_bytes: int = 2 * GiB
+
+    @property
+    def worst_case_memory_bytes(self) -> int:
+        """The most RAM one run can hold: every process at its address-space limit with every
+        descriptor a full memfd, plus a full /tmp."""
+        per_process = self.memory_bytes + self.max_open_files * self.max_file_bytes
+        return self.max_processes * per_process + self.tmp_bytes
 
     def __post_init__(self) -> None:
         for name in (
@@ -83,6 +108,7 @@ class SandboxLimits:
             "max_open_files",
             "max_output_bytes",
             "tmp_bytes",
+            "max_run_memory_bytes",
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -94,6 +120,14 @@ class SandboxLimits:
             raise ValueError(f"SandboxLimits.memory_bytes must be >= 64 MiB, got {self.memory_bytes}")
         if self.max_open_files < 16:  # bwrap and the interpreter need a few to start
             raise ValueError(f"SandboxLimits.max_open_files must be >= 16, got {self.max_open_files}")
+        if self.worst_case_memory_bytes > self.max_run_memory_bytes:
+            raise ValueError(
+                "SandboxLimits: a run could hold "
+                f"{self.worst_case_memory_bytes} bytes = max_processes {self.max_processes} x "
+                f"(memory_bytes {self.memory_bytes} + max_open_files {self.max_open_files} x "
+                f"max_file_bytes {self.max_file_bytes}) + tmp_bytes {self.tmp_bytes}, over "
+                f"max_run_memory_bytes {self.max_run_memory_bytes}"
+            )
 
 
 @dataclasses.dataclass
@@ -140,8 +174,8 @@ def run_python(
     if sum(map(len, blobs.values())) > limits.tmp_bytes // 2:
         raise ValueError("sandbox files exceed half of tmp_bytes")
     warnings: list[str] = []
-    bw, drop = _resolve_mode(BWRAP_PATH if bwrap is _AUTO else bwrap, warnings)
-    return _run(blobs, stdin.encode("utf-8", "surrogatepass"), limits, bw, drop, warnings)
+    bw, drop, filt = _resolve_mode(BWRAP_PATH if bwrap is _AUTO else bwrap, warnings)
+    return _run(blobs, stdin.encode("utf-8", "surrogatepass"), limits, bw, drop, filt, warnings)
 
 
 async def run_python_async(
@@ -168,7 +202,8 @@ def _check_files(files: dict[str, str] | None) -> dict[str, str]:
 
 # --- Choosing how to run: probed once per process ----------------------------------------
 
-_modes: dict[str | None, tuple[list[str] | None, bool, str]] = {}
+_Mode = tuple[list[str] | None, bool, bytes | None, str]  # bwrap argv, drop uid, filter, note
+_modes: dict[tuple[str | None, str], _Mode] = {}
 _modes_lock = threading.Lock()
 _warned: set[str] = set()
 
@@ -180,41 +215,52 @@ def _warn(msg: str, warnings: list[str]) -> None:
     _warned.add(msg)
 
 
-def _resolve_mode(path: str | None, warnings: list[str]) -> tuple[list[str] | None, bool]:
+def _resolve_mode(path: str | None, warnings: list[str]) -> tuple[list[str] | None, bool, bytes | None]:
+    filt, why = _sandbox_seccomp.program() if SECCOMP_FILTER else (None, "SECCOMP_FILTER is off")
+    key = (path, why)  # why is "" when there is a filter
     with _modes_lock:
-        if path not in _modes:
-            _modes[path] = _probe(path, os.geteuid() == 0)
-    bw, drop, note = _modes[path]
+        if key not in _modes:
+            _modes[key] = _probe(path, os.geteuid() == 0, filt, why)
+    bw, drop, filt, note = _modes[key]
     if note:
         _warn(note, warnings)
-    return bw, drop
+    return bw, drop, filt
 
 
-def _probe(path: str | None, root: bool) -> tuple[list[str] | None, bool, str]:
+def _probe(path: str | None, root: bool, filt: bytes | None, why_no_filter: str) -> _Mode:
     """The strongest setup that runs here: throwaway uid first, then bwrap as root;
-    `--disable-userns` (no nested user namespaces, bwrap >= 0.8) first, then without."""
+    `--disable-userns` (no nested user namespaces, bwrap >= 0.8) first, then without; the
+    syscall filter first, then without (a kernel without seccomp must not cost us bwrap)."""
     can_drop = root and (PRLIMIT_PATH is None or SETPRIV_PATH is not None)
-    why = "bubblewrap not found"
+    why, limits = "bubblewrap not found", SandboxLimits(wall_seconds=10)
     for drop in ([True, False] if can_drop else [False]) if path else []:
         for bw in ([path, "--disable-userns"], [path]):
-            try:
-                r = _run({"main.py": b"print('ok')"}, b"", SandboxLimits(wall_seconds=10), bw, drop, [])
-            except OSError as e:  # e.g. the path is not an executable
-                why = f"bwrap failed to start ({e})"
-                continue
-            if r.ok and r.stdout == "ok\n":
-                notes = [
-                    ""
-                    if drop or not root
-                    else "bwrap runs as root: RLIMIT_NPROC is not "
-                    "enforced, a fork bomb is held only by the wall-clock kill",
-                    "" if len(bw) > 1 else "bwrap lacks --disable-userns",
-                ]
-                return bw, drop, "; ".join(filter(None, notes))
-            why = f"bwrap failed to start ({r.status}: {r.stderr.strip()[:200]})"
+            for f in [filt, None] if filt else [None]:
+                try:
+                    r = _run({"main.py": b"print('ok')"}, b"", limits, bw, drop, f, [])
+                except OSError as e:  # e.g. the path is not an executable
+                    why = f"bwrap failed to start ({e})"
+                    continue
+                if r.ok and r.stdout == "ok\n":
+                    notes = [
+                        ""
+                        if drop or not root
+                        else "bwrap runs as root: RLIMIT_NPROC is not "
+                        "enforced, a fork bomb is held only by the wall-clock kill",
+                        "" if len(bw) > 1 else "bwrap lacks --disable-userns",
+                        ""
+                        if f
+                        else f"no syscall filter ({why_no_filter}): ptrace, keyctl, bpf, mount, "
+                        "unshare and the like reach the kernel",
+                    ]
+                    return bw, drop, f, "; ".join(filter(None, notes))
+                why = f"bwrap failed to start ({r.status}: {r.stderr.strip()[:200]})"
+                if f:
+                    why_no_filter = f"bwrap could not load it: {r.stderr.strip()[:200]}"
     return (
         None,
         can_drop,
+        None,
         (
             f"{why}; running model code WITHOUT isolation (rlimits + timeout "
             "only): it can read host files and use the network"
@@ -226,7 +272,13 @@ def _probe(path: str | None, root: bool) -> tuple[list[str] | None, bool, str]:
 
 
 def _run(
-    blobs: dict[str, bytes], stdin: bytes, limits: SandboxLimits, bw: list[str] | None, drop: bool, warnings: list[str]
+    blobs: dict[str, bytes],
+    stdin: bytes,
+    limits: SandboxLimits,
+    bw: list[str] | None,
+    drop: bool,
+    filt: bytes | None,
+    warnings: list[str],
 ) -> SandboxResult:
     uid = alloc_uid() if drop else None
     nproc = limits.max_processes + (_BWRAP_PROCS if bw else 0)
@@ -238,7 +290,7 @@ def _run(
     workdir = None
     try:
         if bw:
-            argv = bwrap_argv(bw, limits.tmp_bytes, blobs, inner, fds, PYTHON)
+            argv = bwrap_argv(bw, limits.tmp_bytes, blobs, inner, fds, PYTHON, filt)
             cwd, env = "/", {}
         else:
             workdir = tempfile.mkdtemp(prefix="sandbox-")

@@ -289,7 +289,8 @@ def test_rlimits_hold_without_prlimit_too(monkeypatch, bwrap):
         bwrap=bwrap,
     )
     first, second = r.stdout.splitlines()
-    assert r.status == "ok" and first == f"{512 * 2**20} (0, 0) (128, 128)"
+    d = SandboxLimits()
+    assert r.status == "ok" and first == f"{d.memory_bytes} (0, 0) ({d.max_open_files}, {d.max_open_files})"
     ok, fail = map(int, second.split())
     if os.geteuid() == 0:
         assert ok == SandboxLimits().max_processes - 1 and fail > 0
@@ -297,11 +298,51 @@ def test_rlimits_hold_without_prlimit_too(monkeypatch, bwrap):
     assert_healthy()
 
 
-def test_no_nested_user_namespaces():
+# unshare(CLONE_NEWUSER), printing its result and errno
+UNSHARE_USER = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+)
+
+
+def test_no_nested_user_namespaces(monkeypatch):
+    assert run_python(UNSHARE_USER).stdout == "-1 1\n"  # EPERM: the syscall filter
+    monkeypatch.setattr(S, "SECCOMP_FILTER", False)  # behind it, bwrap --disable-userns
+    r = run_python(UNSHARE_USER)
+    assert r.stdout == "-1 28\n" and "no syscall filter" in r.warnings[0]  # ENOSPC: a limit of 0
+
+
+def test_threads_and_subprocesses_run_under_the_filter():
+    # glibc starts threads and posix_spawn with clone3: ENOSYS from the filter, then clone.
     r = run_python(
-        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
-    )  # CLONE_NEWUSER
-    assert r.stdout == "-1 28\n"  # ENOSPC: bwrap --disable-userns set the limit to 0
+        "import subprocess, sys, threading\nt = threading.Thread(target=print, args=('thread',))\n"
+        "t.start()\nt.join()\nprint(subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True,"
+        " text=True).stdout, end='')\nprint(subprocess.run(['/bin/sh', '-c', 'echo sh']).returncode)"
+    )
+    assert (r.status, r.stdout, r.warnings) == ("ok", "thread\n1\nsh\n0\n", []), r.stderr
+
+
+def test_without_libseccomp_the_sandbox_runs_and_warns_once(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import fails, as if not installed
+    monkeypatch.setattr(S, "_modes", {})
+    S._sandbox_seccomp.program.cache_clear()
+    S._warned.clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="environments.sandbox"):
+            first, second = run_python(UNSHARE_USER), run_python("print(1)")
+    finally:
+        S._sandbox_seccomp.program.cache_clear()
+    assert (first.stdout, first.isolated, second.stdout) == ("-1 28\n", True, "1\n")
+    for r in (first, second):
+        assert len(r.warnings) == 1 and "no syscall filter (pyseccomp/libseccomp unavailable" in r.warnings[0]
+    assert caplog.text.count("no syscall filter") == 1  # loud once, then in each result only
+
+
+def test_a_filter_bwrap_cannot_load_costs_the_filter_not_bwrap(monkeypatch):
+    monkeypatch.setattr(S._sandbox_seccomp, "program", lambda: (b"not bpf", ""))  # 7 bytes: refused
+    monkeypatch.setattr(S, "_modes", {})
+    r = run_python(UNSHARE_USER)
+    assert (r.status, r.stdout, r.isolated) == ("ok", "-1 28\n", True)
+    assert "no syscall filter (bwrap could not load it" in r.warnings[0]
 
 
 def test_a_broken_bwrap_falls_back_loudly():
@@ -319,9 +360,15 @@ def test_limits_and_inputs_are_validated():
         dict(max_output_bytes=-1),
         dict(max_open_files=0),
         dict(max_open_files=8),
+        dict(max_run_memory_bytes=0),
     ]:
         with pytest.raises(ValueError):
             SandboxLimits(**bad)
+    assert SandboxLimits().worst_case_memory_bytes == 4 * (384 + 32) * 2**20 + 16 * 2**20 <= 2 * 2**30
+    with pytest.raises(ValueError, match=r"max_processes 16 x \(memory_bytes 402653184 .* over max_run_memory_bytes"):
+        SandboxLimits(max_processes=16)
+    assert SandboxLimits(max_processes=16, memory_bytes=64 * 2**20).worst_case_memory_bytes == 1552 * 2**20
+    assert SandboxLimits(max_processes=16, max_run_memory_bytes=8 * 2**30).max_processes == 16  # a bigger budget
     for files in [{"../x": ""}, {"main.py": ""}, {"a/b": ""}, {"x": b"bytes"}]:
         with pytest.raises(ValueError):
             run_python("pass", files=files)

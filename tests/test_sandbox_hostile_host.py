@@ -16,7 +16,7 @@ import uuid
 
 import psutil
 import pytest
-from test_sandbox import assert_healthy
+from test_sandbox import _sandbox_process, assert_healthy
 
 from environments import sandbox as S
 from environments.sandbox import SandboxLimits, run_python, run_python_async
@@ -223,15 +223,63 @@ def test_a_daemon_does_not_outlive_the_episode(ending):
 @pytest.mark.timeout(60)
 def test_fd_exhaustion_in_every_process_leaves_the_host_and_the_next_run_alone():
     fds = psutil.Process().num_fds()
+    # 8 processes: within the whole-run memory bound only with less address space each.
+    limits = SandboxLimits(wall_seconds=20, max_processes=8, memory_bytes=128 * 2**20)
     r = run_python(
         "import os, time\nfor _ in range(7):\n    if os.fork() == 0:\n        break\n"
         "n = 0\ntry:\n    while True:\n        os.pipe()\n        n += 2\n"
-        "except OSError as e:\n    os.write(1, f'{e.errno} {n < 128}\\n'.encode())\ntime.sleep(0.5)",
-        limits=SandboxLimits(wall_seconds=20),
+        f"except OSError as e:\n    os.write(1, f'{{e.errno}} {{n < {limits.max_open_files}}}\\n'.encode())\n"
+        "time.sleep(0.5)",
+        limits=limits,
     )
     assert r.status == "ok" and r.stdout.splitlines() == ["24 True"] * 8, r.stderr
     assert psutil.Process().num_fds() == fds
     assert run_python("print('next')").stdout == "next\n"
     with open(os.devnull) as fh:
         assert fh.read() == ""
+    assert_healthy()
+
+
+@pytest.mark.timeout(60)
+def test_forked_memory_hogs_stay_within_the_whole_run_bound():
+    """Forks far past max_processes, every child filling real pages until MemoryError: the
+    refused forks fail, the rest hit their own limit, and the host never sees the run's
+    processes hold more than worst_case_memory_bytes between them."""
+    limits = SandboxLimits(wall_seconds=20, memory_bytes=128 * 2**20)  # gentle on a loaded host
+    forks = limits.max_processes + 20
+    code = (
+        f"import os, time\nkids = refused = 0\nfor _ in range({forks}):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        refused += 1\n        continue\n    if pid == 0:\n        held = []\n"
+        "        try:\n            while True:\n                held.append(b'x' * (8 << 20))  # real pages\n"
+        "        except MemoryError:\n            os.write(1, b'child MemoryError\\n')\n"
+        "        time.sleep(1.5)  # hold it while the host looks\n        os._exit(0)\n    kids += 1\n"
+        "for _ in range(kids):\n    os.wait()\nprint(kids, refused)"
+    )
+    me, host_rss, peak = psutil.Process(), psutil.Process().memory_info().rss, [0]
+    stop = threading.Event()
+
+    def watch():  # the run's processes are our descendants: bwrap, its pid 1, the program
+        while not stop.is_set():
+            total = 0
+            for p in filter(_sandbox_process, me.children(recursive=True)):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            peak[0] = max(peak[0], total)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        r = run_python(code, limits=limits)
+    finally:
+        stop.set()
+        watcher.join()
+    kids = limits.max_processes - 1
+    assert r.status == "ok", (r.status, r.stdout, r.stderr[-500:])
+    assert r.stdout == "child MemoryError\n" * kids + f"{kids} {forks - kids}\n"
+    # Every child really filled most of its limit at once, and all of them stayed in bound.
+    assert kids * limits.memory_bytes // 2 < peak[0] <= limits.worst_case_memory_bytes, peak[0]
+    assert psutil.Process().memory_info().rss - host_rss < 50 * 2**20
     assert_healthy()
