@@ -22,13 +22,16 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator
 from typing import Any
 
-_HELP, _FLAG, _SECTION, _PREFIX, _CHOICES, _HIDE = "help", "flag", "section", "prefix", "choices", "hide"
-_REPEAT = "repeat"
+from core.config_checks import _BOUNDS, _CHOICES, _HELP, _MATCHES, _SECTION, check_fields, configclass
+
+_FLAG, _PREFIX, _HIDE, _REPEAT = "flag", "prefix", "hide", "repeat"
+__all__ = ["build", "check_fields", "configclass", "derived", "knob", "parse", "section", "to_argv"]
 
 
 def knob(
@@ -38,13 +41,26 @@ def knob(
     choices=None,
     flag: bool | str = True,
     repeat: bool = False,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    matches: tuple[str, str] | None = None,
     **kw,
 ):
     """A config field that is a flag: its one default and its help text. `flag=False` for a
     field the builder fills in (derived from another field), `flag="name"` to rename.
     `repeat=True` (a tuple field): the flag is given once per item (`--env A=1 --env B=2`),
-    for items that may hold commas."""
+    for items that may hold commas. `choices`, the bounds (`ge`, `gt`, `le`, `lt`) and
+    `matches=(regex, "what it is")` (for a tuple: of each item), with the field's type, are
+    checked by `check_fields` whenever the config is built, whatever builds it (a
+    `@configclass` calls it first)."""
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
     metadata = {_HELP: help, _FLAG: flag, _CHOICES: tuple(choices) if choices is not None else None}
+    if bounds:
+        metadata[_BOUNDS] = bounds
+    if matches is not None:
+        metadata[_MATCHES] = (re.compile(matches[0]), matches[1])
     if repeat:
         metadata[_REPEAT] = True
     if isinstance(default, (list, dict, set)):
@@ -53,9 +69,9 @@ def knob(
     return dataclasses.field(default=default, metadata=metadata, **kw)
 
 
-def derived(default: Any = None, help: str = ""):
+def derived(default: Any = None, help: str = "", **checks):
     """A field set by the code that builds the config (from other fields), never a flag."""
-    return knob(default, help, flag=False)
+    return knob(default, help, flag=False, **checks)
 
 
 def section(factory, prefix: str = "", help: str = "", hide: tuple[str, ...] = ()):
@@ -78,6 +94,7 @@ class Leaf:
     choices: tuple | None
     section: str
     repeat: bool = False
+    bounds: tuple[tuple[str, Any], ...] = ()  # ("ge", 1), ...: what the docs say besides the type
 
     @property
     def dest(self) -> str:
@@ -144,6 +161,7 @@ def _leaves(cls, prefix, path, section_name, base, hides) -> Iterator[Leaf]:
             f.metadata.get(_CHOICES),
             section_name or cls.__name__,
             f.metadata.get(_REPEAT, False),
+            tuple(f.metadata.get(_BOUNDS, {}).items()),
         )
 
 
@@ -358,6 +376,8 @@ def markdown_table(cls, title: str, command: str) -> str:
         tname = _type_name(leaf.type)
         if leaf.choices:
             tname = " \\| ".join(map(str, leaf.choices))
+        signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+        tname += "".join(f", {signs[op]} {bound}" for op, bound in leaf.bounds)
         default = "required" if leaf.default is dataclasses.MISSING else f"`{_format_value(leaf.default)}`"
         if leaf.default is None or leaf.default in ((), {}, ""):
             default = "unset" if leaf.default is None else "empty"

@@ -7,10 +7,7 @@ as a plain frozen dataclass.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
-from core.config import derived, knob
+from core.config import configclass, derived, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy.config import MODEL_CONFIGS
 from core.policy.sources import MODEL_HELP
@@ -18,7 +15,7 @@ from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from rollout.episodes import EpisodeLimits
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class EngineConfig:
     """Each field is a flag of the rollout job (`--engine_slots` for `slots`), except the two
     the job derives: the policy store (from its I/O section) and the trajectory cap (from
@@ -27,18 +24,20 @@ class EngineConfig:
     policy_root: str | None = derived(None, "the policy store; from the job's --policy_root")
     model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
     model: str | None = knob(None, MODEL_HELP)
-    slots: int = knob(64, "KV-cache slots of the per-process inference engine", flag="engine_slots")
+    slots: int = knob(64, "KV-cache slots of the per-process inference engine", flag="engine_slots", ge=1)
     prefill: int = knob(
         16,
         "tokens each slot is fed per catch-up step (prompts, observations); a chat template's long "
         "prompts go faster with more (two widths compile: 1 and this)",
         flag="engine_prefill",
+        ge=1,
     )
     prefill_slots: int = knob(
         8,
         "slots fed a catch-up chunk per engine step; the others with input wait a step (a chunk for "
         "every slot would cost every slot the chunk's width whenever one episode has input)",
         flag="engine_prefill_slots",
+        ge=1,
     )
     # Default False because Beam drops False flags from a worker's options.
     separate_prompts: bool = knob(
@@ -47,27 +46,31 @@ class EngineConfig:
         "prompt once, the first feeds it and the others copy its cache rows)",
         flag="engine_separate_prompts",
     )
-    max_concurrent_groups: int = knob(16, "requests (groups of G episodes) in flight per worker process")
+    max_concurrent_groups: int = knob(16, "requests (groups of G episodes) in flight per worker process", ge=1)
     queued_groups: int = knob(
         16,
         "requests a worker holds ready beyond max_concurrent_groups, so one starts the moment another "
         "ends (0: Beam's thread admits each one when it next finds room)",
+        ge=0,
     )
     admit_poll_s: float = knob(
-        0.02, "the longest nap of Beam's thread while the worker's request buffer is full (Beam's default: 0.5)"
+        0.02, "the longest nap of Beam's thread while the worker's request buffer is full (Beam's default: 0.5)", gt=0
     )
-    commit_interval_s: float = knob(0.2, "how often finished groups are committed downstream")
-    request_shards: int = knob(4, "keys that requests are spread over (state and timers are per key)")
-    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate")
+    commit_interval_s: float = knob(0.2, "how often finished groups are committed downstream", gt=0)
+    request_shards: int = knob(4, "keys that requests are spread over (state and timers are per key)", ge=1)
+    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate", ge=1)
     # A whole trajectory, prompt included: fits one record row.
-    max_tokens: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "the layout's trajectory length")
-    step_timeout_s: float = knob(30.0, "an environment step (tool call) longer than this ends its episode as timeout")
-    episode_timeout_s: float = knob(120.0, "a whole episode longer than this ends as timeout")
-    policy_poll_s: float = knob(1.0, "how often a worker looks for a new policy version")
+    max_tokens: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "the layout's trajectory length", ge=1)
+    step_timeout_s: float = knob(
+        30.0, "an environment step (tool call) longer than this ends its episode as timeout", gt=0
+    )
+    episode_timeout_s: float = knob(120.0, "a whole episode longer than this ends as timeout", gt=0)
+    policy_poll_s: float = knob(1.0, "how often a worker looks for a new policy version", gt=0)
     policy_wait_s: float = knob(
         300.0,
         "how long a worker waits for the first policy version, and for a request's minimum version "
         "(after that the request runs anyway and the learner's staleness filter decides)",
+        gt=0,
     )
     advantage_estimator: str = knob(
         "grpo", "group-relative advantages, computed once a group is complete", choices=sorted(ADVANTAGE_ESTIMATORS)
@@ -76,48 +79,16 @@ class EngineConfig:
         None, "each worker writes rollout/... scalars here (TensorBoard + JSONL), one run per process"
     )
     trace_dir: str | None = knob(None, "each worker writes its timeline spans here (off when unset)")
-    telemetry_every_s: float = knob(2.0, "telemetry row interval")
+    telemetry_every_s: float = knob(2.0, "telemetry row interval", gt=0)
 
     def __post_init__(self):
         # None: not known yet (a config's defaults); a worker refuses it (RolloutWorker).
-        if self.policy_root is not None and (not isinstance(self.policy_root, str) or not self.policy_root):
+        if self.policy_root is not None and not self.policy_root:
             raise ValueError("policy_root must name the policy store")
-        if self.model_config not in MODEL_CONFIGS:
-            raise ValueError(f"model_config must be one of {sorted(MODEL_CONFIGS)}, got {self.model_config!r}")
-        for name in (
-            "slots",
-            "prefill",
-            "prefill_slots",
-            "max_concurrent_groups",
-            "request_shards",
-            "max_new_tokens_per_turn",
-            "max_tokens",
-        ):
-            v = getattr(self, name)
-            if type(v) is not int or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if type(self.queued_groups) is not int or self.queued_groups < 0:
-            raise ValueError(f"queued_groups must be an int >= 0, got {self.queued_groups!r}")
-        for name in (
-            "admit_poll_s",
-            "commit_interval_s",
-            "policy_poll_s",
-            "policy_wait_s",
-            "telemetry_every_s",
-            "step_timeout_s",
-            "episode_timeout_s",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a positive finite number of seconds, got {v!r}")
         if self.max_new_tokens_per_turn >= self.max_tokens:
             raise ValueError(
                 f"max_new_tokens_per_turn ({self.max_new_tokens_per_turn}) must be below max_tokens "
                 f"({self.max_tokens}): a turn must leave room for the prompt"
-            )
-        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(
-                f"advantage_estimator must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.advantage_estimator!r}"
             )
 
     @property

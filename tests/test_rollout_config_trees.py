@@ -129,7 +129,7 @@ def test_a_changed_vertex_config_round_trips_through_argv():
     cfg = VertexJobConfig(
         **VERTEX_REQUIRED,
         **dict(display_name="rl-run", tpu_topology="4x4", replica_count=4, staging_bucket="gs://my-stage"),
-        **dict(service_account="learner@my-proj.iam.gserviceaccount.com", env={"A": "1", "B": "x,y=z"}),
+        **dict(service_account="learner@my-proj.iam.gserviceaccount.com", env=("A=1", "B=x,y=z")),
         **dict(tensorboard=f"projects/my-proj/locations/{VERTEX_REQUIRED['region']}/tensorboards/7"),
         **dict(dry_run=True, skip_learner_args_check=True),
     )

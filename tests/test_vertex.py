@@ -48,7 +48,7 @@ def test_builds_a_tpu_v5e_2x2_job():
     from google.cloud.aiplatform_v1 import types
 
     job = vertex.build_custom_job(
-        config(service_account="learner@my-proj.iam.gserviceaccount.com", env={"JAX_LOG_COMPILES": "0"})
+        config(service_account="learner@my-proj.iam.gserviceaccount.com", env=("JAX_LOG_COMPILES=0",))
     )
     assert isinstance(job, types.CustomJob)
     (pool,) = job.job_spec.worker_pool_specs
@@ -96,11 +96,12 @@ def test_sdk_job_builds_offline_with_anonymous_credentials():
         (dict(tpu_topology=None), "needs a tpu_topology"),
         (dict(tpu_topology="1x2"), "does not fill"),  # 2 chips on a 4-chip host
         (dict(machine_type="n2-standard-8"), "non-TPU"),
-        (dict(env={"CLUSTER_SPEC": "{}"}), "reserved"),
-        (dict(env={"AIP_MODEL_DIR": "gs://x"}), "reserved"),
+        (dict(env=("CLUSTER_SPEC={}",)), "reserved"),
+        (dict(env=("AIP_MODEL_DIR=gs://x",)), "reserved"),
+        (dict(env=("NOEQUALS",)), "NAME=VALUE"),
         (dict(service_account="not-an-email"), "service_account"),
         (dict(tensorboard=TENSORBOARD.replace("europe-west4", "us-central1")), "tensorboard needs service_account"),
-        (dict(tensorboard="tb-4242", service_account=SA), "is not projects/PROJECT/locations/REGION/tensorboards/ID"),
+        (dict(tensorboard="tb-4242", service_account=SA), "must be projects/PROJECT/locations/REGION/tensorboards/ID"),
         (dict(tensorboard=TENSORBOARD, service_account=SA), "Vertex AI wants the TensorBoard in the job's region"),
     ],
 )

@@ -18,108 +18,93 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from core import config
-from core.config import derived, knob
+from core.config import configclass, derived, knob
 
 LEARNER_COMMAND = ("python", "-m", "trainer.task")
-_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")  # us-central1, europe-west4; not a zone
-_TOPOLOGY = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
+_GCS = (r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?", "a gs://bucket[/path] URI")
 _TPU_CHIPS_PER_HOST = re.compile(r"^ct.*-(\d+)t$")  # ct5lp-hightpu-4t: 4 chips per host
-_TENSORBOARD = re.compile(r"^projects/([^/\s]+)/locations/([^/\s]+)/tensorboards/([^/\s]+)$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TENSORBOARD = re.compile(r"projects/([^/\s]+)/locations/([^/\s]+)/tensorboards/([^/\s]+)")
 # Vertex sets these itself; overriding them would mislead trainer.cloud.distributed.
 _RESERVED_ENV = ("AIP_", "CLUSTER_SPEC", "TF_CONFIG", "CLOUD_ML_JOB_ID")
 
 
-def _gcs(uri: str | None, what: str, required: bool = True) -> None:
-    if uri is None and not required:
-        return
-    if not (isinstance(uri, str) and re.match(r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?$", uri)):
-        raise ValueError(f"{what} must be a gs://bucket[/path] URI, got {uri!r}")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@configclass(kw_only=True)
 class VertexJobConfig:
     """Everything the learner's CustomJob needs, and how to launch it: each field is a flag
     of `agentic-rl vertex` but `learner_args` (what follows `--`). Refuses bad values on
     construction."""
 
-    project: str = knob(help="GCP project id")
-    region: str = knob(help="a region like us-central1 (not a zone)")
-    image_uri: str = knob(help="learner container image URI (see Dockerfile)", flag="image")
+    project: str = knob(help="GCP project id", matches=(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", "a GCP project id"))
+    region: str = knob(
+        help="a region like us-central1 (not a zone)",
+        matches=(r"[a-z]+-[a-z]+[0-9]+", "a region like us-central1 (zones are refused)"),
+    )
+    image_uri: str = knob(
+        help="learner container image URI (see Dockerfile)", flag="image", matches=(r"\S*/\S*", "a container image URI")
+    )
     # Vertex derives AIP_MODEL_DIR/CHECKPOINT_DIR/... from it.
-    base_output_dir: str = knob(help="gs://bucket/path")
-    display_name: str = knob("agentic-rl-learner", "the job's name in the console")
+    base_output_dir: str = knob(help="gs://bucket/path", matches=_GCS)
+    display_name: str = knob(
+        "agentic-rl-learner", "the job's name in the console", matches=(r"(?s).{1,128}", "1-128 characters")
+    )
     machine_type: str = knob("ct5lp-hightpu-4t", "learner host machine type (TPU v5e, 4 chips per host)")
-    tpu_topology: str = knob("2x2", "the TPU slice, e.g. 2x2 or 4x4 ('' for none)")  # 2x2: one v5e host
-    replica_count: int = knob(1, "learner hosts: workerpool0 holds 1, workerpool1 the rest")
-    staging_bucket: str | None = knob(None, "gs://... for the SDK's staging (unset: base_output_dir's bucket)")
-    service_account: str | None = knob(None, "the identity the job runs as (an email); docs/DEPLOY.md lists its roles")
+    # 2x2: one v5e host
+    tpu_topology: str | None = knob(
+        "2x2",
+        "the TPU slice, e.g. 2x2 or 4x4 ('' for none)",
+        matches=(r"|[1-9][0-9]*(x[1-9][0-9]*){1,2}", "like 2x2 or 2x2x1"),
+    )
+    replica_count: int = knob(1, "learner hosts: workerpool0 holds 1, workerpool1 the rest", ge=1)
+    staging_bucket: str | None = knob(
+        None, "gs://... for the SDK's staging (unset: base_output_dir's bucket)", matches=_GCS
+    )
+    service_account: str | None = knob(
+        None,
+        "the identity the job runs as (an email); docs/DEPLOY.md lists its roles",
+        matches=(r"[^@\s]+@[^@\s]+", "an email"),
+    )
     tensorboard: str | None = knob(
         None,
         "projects/P/locations/L/tensorboards/ID: a Vertex AI TensorBoard (in --region) that shows the learner's "
         "logs (AIP_TENSORBOARD_LOG_DIR); needs --service_account",
+        matches=(_TENSORBOARD.pattern, "projects/PROJECT/locations/REGION/tensorboards/ID"),
     )
-    # NAME=VALUE items; a mapping given in code becomes them.
-    env: tuple[str, ...] = knob((), "NAME=VALUE for the learner's environment (repeat the flag)", repeat=True)
+    env: tuple[str, ...] = knob(
+        (),
+        "NAME=VALUE for the learner's environment (repeat the flag)",
+        repeat=True,
+        matches=(r"[A-Za-z_][A-Za-z0-9_]*=(?s:.*)", "NAME=VALUE items"),
+    )
     dry_run: bool = knob(False, "build, check and print the job as JSON; no network")
     skip_learner_args_check: bool = knob(False, "do not parse the learner's flags with trainer.task's parser")
     learner_args: tuple[str, ...] = derived((), "the learner's flags: everything after --")
 
     def __post_init__(self):
-        if isinstance(self.env, Mapping):
-            object.__setattr__(self, "env", tuple(f"{k}={v}" for k, v in self.env.items()))
-        object.__setattr__(self, "env", tuple(self.env))
         object.__setattr__(self, "tpu_topology", self.tpu_topology or "")  # None or '': no topology
-        if not _PROJECT.match(self.project or ""):
-            raise ValueError(f"project {self.project!r} is not a GCP project id")
-        if not _REGION.match(self.region or ""):
-            raise ValueError(f"region {self.region!r} is not a region like us-central1 (zones are refused)")
-        if not self.image_uri or any(c.isspace() for c in self.image_uri) or "/" not in self.image_uri:
-            raise ValueError(f"image_uri {self.image_uri!r} is not a container image URI")
-        _gcs(self.base_output_dir, "base_output_dir")
-        _gcs(self.staging_bucket, "staging_bucket", required=False)
-        if not self.display_name or len(self.display_name) > 128:
-            raise ValueError("display_name must be 1-128 characters")
-        if not isinstance(self.replica_count, int) or self.replica_count < 1:
-            raise ValueError(f"replica_count must be an int >= 1, got {self.replica_count!r}")
-        if self.service_account is not None and not re.match(r"^[^@\s]+@[^@\s]+$", self.service_account):
-            raise ValueError(f"service_account {self.service_account!r} is not an email")
+        for name in (item.partition("=")[0] for item in self.env):
+            if name.startswith(_RESERVED_ENV):
+                raise ValueError(f"env var {name!r} is reserved by Vertex AI")
         self._check_tensorboard()
-        for item in self.env:
-            name, sep, _ = item.partition("=") if isinstance(item, str) else ("", "", None)
-            if not sep:
-                raise ValueError(f"--env wants NAME=VALUE, got {item!r}")
-            if not _ENV_NAME.match(name) or name.startswith(_RESERVED_ENV):
-                raise ValueError(f"env var {name!r} is invalid or reserved by Vertex AI")
-        object.__setattr__(self, "learner_args", tuple(self.learner_args))
-        tpu = _TPU_CHIPS_PER_HOST.match(self.machine_type or "")
+        tpu = _TPU_CHIPS_PER_HOST.match(self.machine_type)
         if tpu and not self.tpu_topology:
             raise ValueError(f"TPU machine type {self.machine_type} needs a tpu_topology")
-        if self.tpu_topology:
-            if not tpu:
-                raise ValueError(f"tpu_topology given for non-TPU machine type {self.machine_type!r}")
-            if not _TOPOLOGY.match(self.tpu_topology):
-                raise ValueError(f"tpu_topology {self.tpu_topology!r} is not like 2x2 or 2x2x1")
-            if self.topology_chips % int(tpu.group(1)):
-                raise ValueError(
-                    f"topology {self.tpu_topology} ({self.topology_chips} chips) does not fill "
-                    f"{self.machine_type} hosts of {tpu.group(1)} chips (tpu_topology)"
-                )
+        if self.tpu_topology and not tpu:
+            raise ValueError(f"tpu_topology given for non-TPU machine type {self.machine_type!r}")
+        if tpu and self.topology_chips % int(tpu.group(1)):
+            raise ValueError(
+                f"topology {self.tpu_topology} ({self.topology_chips} chips) does not fill "
+                f"{self.machine_type} hosts of {tpu.group(1)} chips (tpu_topology)"
+            )
 
     def _check_tensorboard(self) -> None:
         """Vertex uploads AIP_TENSORBOARD_LOG_DIR (under base_output_dir, always set here) to
         the instance as the job's service account, and only from a job in the instance's region."""
         if self.tensorboard is None:
             return
-        m = _TENSORBOARD.match(self.tensorboard) if isinstance(self.tensorboard, str) else None
-        if not m:
-            raise ValueError(
-                f"tensorboard {self.tensorboard!r} is not projects/PROJECT/locations/REGION/tensorboards/ID"
-            )
+        m = _TENSORBOARD.match(self.tensorboard)
         if self.service_account is None:
             raise ValueError(
                 "tensorboard needs service_account: Vertex AI uploads the learner's logs to a TensorBoard "

@@ -1,0 +1,91 @@
+"""Checks of a config's knobs, whatever builds it (core/config.py declares them).
+
+`knob(..., choices=, ge=, gt=, le=, lt=, matches=)` records what a value may be; the field's type
+annotation says what it must be. `@configclass` (a frozen dataclass) checks both before
+the class's own `__post_init__`, which is left with the rules that relate fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+
+_HELP, _SECTION, _CHOICES, _BOUNDS, _MATCHES = "help", "section", "choices", "bounds", "matches"
+_COMPARE = {
+    "ge": (lambda v, b: v >= b, ">="),
+    "gt": (lambda v, b: v > b, ">"),
+    "le": (lambda v, b: v <= b, "<="),
+    "lt": (lambda v, b: v < b, "<"),
+}
+
+
+def configclass(cls=None, /, **dataclass_kw):
+    """`@dataclasses.dataclass(frozen=True)` whose construction first checks every knob's
+    type, choices and bounds (`check_fields`), then runs the class's own `__post_init__`
+    (cross-field rules only). Any construction path: flags, `build`, a direct call,
+    `dataclasses.replace`."""
+
+    def wrap(cls):
+        own = cls.__dict__.get("__post_init__")
+
+        def __post_init__(self):
+            check_fields(self)
+            if own is not None:
+                own(self)
+
+        cls.__post_init__ = __post_init__
+        return dataclasses.dataclass(frozen=True, **dataclass_kw)(cls)
+
+    return wrap if cls is None else wrap(cls)
+
+
+def check_fields(obj) -> None:
+    """ValueError naming the first knob of `obj` whose value has the wrong type, is not one
+    of its choices or is out of its bounds. Sections are checked when they are built."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if f.metadata.get(_SECTION) or _HELP not in f.metadata:
+            continue
+        value, (kind, optional) = getattr(obj, f.name), _declared(hints[f.name])
+        if value is None:
+            if not optional and f.default is not None:
+                raise ValueError(f"{f.name} must be set, got None")
+            continue
+        if typing.get_origin(kind) is tuple or kind is tuple:
+            if not isinstance(value, tuple):
+                raise ValueError(f"{f.name} must be a tuple, got {value!r}")
+            item_kind = (typing.get_args(kind) or (object,))[0]
+            for item in value:
+                _check_value(f, typing.get_origin(item_kind) or item_kind, item, value)
+        else:
+            _check_value(f, typing.get_origin(kind) or kind, value, value)
+
+
+def _declared(tp):
+    """(the type a value must have, None allowed); (object, ...) when the annotation names
+    several types (only choices and bounds are checked then)."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(inner) < len(typing.get_args(tp))
+        return (inner[0] if len(inner) == 1 else object), optional
+    return tp, False
+
+
+def _check_value(f, kind, item, whole) -> None:
+    name, choices = f.name, f.metadata.get(_CHOICES)
+    if kind is int and type(item) is not int:
+        raise ValueError(f"{name} must be an int, got {whole!r}")
+    if kind is float and (isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item)):
+        raise ValueError(f"{name} must be a finite number, got {whole!r}")
+    if kind in (str, bool, dict, list) and not isinstance(item, kind):
+        raise ValueError(f"{name} must be a {kind.__name__}, got {whole!r}")
+    if choices is not None and item not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {item!r}")
+    if _MATCHES in f.metadata and not f.metadata[_MATCHES][0].fullmatch(item):
+        raise ValueError(f"{name} must be {f.metadata[_MATCHES][1]}, got {item!r}")
+    for op, bound in f.metadata.get(_BOUNDS, {}).items():
+        holds, sign = _COMPARE[op]
+        if not holds(item, bound):
+            raise ValueError(f"{name} must be {sign} {bound}, got {whole!r}")
