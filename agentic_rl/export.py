@@ -9,27 +9,22 @@ Writes config.json, model.safetensors, generation_config.json and the tokenizer 
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import sys
 from pathlib import Path
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.store import StoreError
 from core.staged_dir import refuse_non_empty, staged_dir
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@configclass(kw_only=True)
 class ExportConfig:
     store: str = knob(help="policy store root: a directory or gs://…")
-    version: int | None = knob(None, "the version to export (unset: LATEST)")
+    version: int | None = knob(None, "the version to export (unset: LATEST)", ge=0)
     out: str = knob(help="the checkpoint directory to write (written whole, then moved into place)")
     overwrite: bool = knob(False, "replace an existing non-empty --out")
-
-    def __post_init__(self):
-        if self.version is not None and self.version < 0:
-            raise ValueError(f"version must be >= 0, got {self.version}")
 
 
 def run(cfg: ExportConfig) -> dict:

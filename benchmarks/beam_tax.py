@@ -36,7 +36,7 @@ from _utilization_modes import rollout_alone
 
 import environments
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.store import PolicyStore
 from core.policy.sampling import Sampler
 from core.policy.sources import policy_spec
@@ -46,7 +46,7 @@ from rollout.engine_config import EngineConfig
 from rollout.episodes import run_group
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class BeamTaxConfig:
     init_policy: str = knob(help="a policy store: its newest version is the policy of both modes")
     tool_latency: str = knob("fixed:2", "per tool call")

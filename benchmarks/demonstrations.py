@@ -8,7 +8,6 @@ side by side in one run.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import sys
 import time
@@ -20,11 +19,11 @@ from _report import loadavg, machine_info, print_table
 
 import environments
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from trainer.learning import warmstart
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class DemoBenchConfig:
     env: str = knob("code", "the environment")
     tasks: int = knob(300, "demonstrations built per mode")

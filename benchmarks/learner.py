@@ -52,7 +52,7 @@ from _learner_profile import bench_profile, forward_ms  # noqa: E402
 from _report import loadavg, machine_info, print_table, stop_children_on_exit  # noqa: E402
 
 from core import config  # noqa: E402
-from core.config import knob  # noqa: E402
+from core.config import configclass, knob  # noqa: E402
 
 SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
 
@@ -262,7 +262,7 @@ def bench_steps(args) -> None:
 QUICK = {"records": 40, "steps": 5, "warmup": 1, "decode_n": 100, "poll_records": 100, "profile_steps": 2}
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class LearnerBenchConfig:
     quick: bool = knob(False, "a short run of every section: sets " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     sections: tuple[str, ...] = knob(SECTIONS, f"comma-separated subset of {SECTIONS}")

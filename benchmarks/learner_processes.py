@@ -11,7 +11,6 @@ mode is that the multi-host path runs for real (issue 25), not speed.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -23,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import loadavg, machine_info, print_table, stop_children_on_exit
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.telemetry.scalars import read_rows
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class LearnerProcessesBenchConfig:
     processes: tuple[int, ...] = knob((1, 2), "learner process counts, run one after the other")
     steps: int = knob(20, "learner steps per run")

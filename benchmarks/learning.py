@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import loadavg, machine_info, print_table, stop_children_on_exit
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.run_summary import SchemaError
 from core.telemetry.scalars import read_rows
 from localstack.launch.demo import run_local
@@ -102,7 +102,7 @@ def plot(jobs: list[dict], path: Path, title: str = "calculator") -> None:
     fig.savefig(path, dpi=110)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class LearningBenchConfig:
     out: str = knob("docs/results", "where learning.json and learning_curve.png go")
     workdir: str = knob("/tmp/learning-bench", "run directories (logs, stores)")

@@ -12,7 +12,6 @@ ratio.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 import sys
@@ -28,7 +27,7 @@ from _report import print_table
 from _rollout_decode import engine_throughput
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.policy.config import ModelConfig
 from core.policy.hf_config import config_from_hf
 from core.policy.model import init_model, split_params
@@ -83,7 +82,7 @@ class Subject:
             self.step_ms.append((time.perf_counter() - t0) * 1000)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class ModelsBenchConfig:
     rounds: int = knob(3, "alternating rounds per model")
     slots: int = knob(32, "engine slots, all busy")

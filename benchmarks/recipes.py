@@ -20,18 +20,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import dataclasses
 
 from _report import loadavg, machine_info, print_table, stop_children_on_exit
 from learning import job_from_run, plot, run_job, to_json
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from localstack.launch.demo_config import parse_args
 from localstack.reports import reconcile
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class RecipesBenchConfig:
     envs: tuple[str, ...] = knob(("code", "guess"), "environments whose recipes run")
     out: str = knob("docs/results", "where recipes.json and the curves go")

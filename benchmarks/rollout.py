@@ -42,7 +42,7 @@ from _rollout_latency import bench_latency, profile_c64
 from _rollout_packing import bench_flush, bench_packing, length_pools, sample_stream
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.record_shape import DEFAULT_MAX_SEGMENTS_PER_ROW
 from core.policy.config import ModelConfig
 from core.policy.model import init_model, split_params
@@ -69,7 +69,7 @@ def _unset(name: str, text: str) -> str:
     return f"{text} (unset: {full:g}, with --quick {quick:g})"
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class RolloutBenchConfig:
     quick: bool = knob(False, "short windows and fewer tokens: the second value of every unset setting")
     sections: tuple[str, ...] = knob(SECTIONS, f"comma-separated subset of {SECTIONS}")

@@ -10,7 +10,6 @@ uses it. Latency is per run; runs/s is runs divided by the wall time of the whol
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 import subprocess
@@ -21,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from environments import sandbox
 
 SOURCE = "print(1)"
@@ -64,7 +63,7 @@ def measure(fn, n: int, concurrency: int = 1) -> dict:
     }
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class SandboxBenchConfig:
     n: int = knob(50, "runs per row")
     concurrency: int = knob(4, "runs in flight in the last row")

@@ -33,7 +33,7 @@ import _soak_report as report
 import psutil
 
 from core import config
-from core.config import derived, knob
+from core.config import configclass, derived, knob
 from localstack.reports.live import Tail
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def _interrupt(signum, _frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class SoakConfig:
     minutes: float = knob(20.0, "wall-clock duration of the run")
     every_s: float = knob(5.0, "seconds between samples")

@@ -38,7 +38,7 @@ from _utilization_modes import rollout_alone
 from utilization import DemoRunConfig, demo, demo_config, make_plan
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.telemetry import trace
 
 # A warm-up run first (discarded: the first run after a quiet spell was the slowest of
@@ -46,7 +46,7 @@ from core.telemetry import trace
 ORDER = (None, True, False, False, True, True, False)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class TracingBenchConfig:
     init_policy: str = knob("/tmp/utilization/init/policy-store", "a warm-started store")
     tool_latency: str = knob("fixed:0.5", "the demo's default")

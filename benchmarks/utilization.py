@@ -33,7 +33,7 @@ from _report import loadavg, machine_info, print_table, stop_children_on_exit
 from _utilization_modes import learner_alone_pinned, rollout_alone
 
 from core import config
-from core.config import knob, section
+from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.contracts.run_summary import RunSummary
 from localstack.launch.commands import plan_command
@@ -46,7 +46,7 @@ LATENCIES = ("none", "fixed:0.5", "fixed:2", "lognormal:1:1")
 GROUP_SIZE = DemoConfig.group_size  # every run, and the plans, use the demo's
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class DemoRunConfig:
     """The demo runs' shared settings (this benchmark's and benchmarks/tracing.py's)."""
 
@@ -57,7 +57,7 @@ class DemoRunConfig:
     rollout_cpus: str = knob("1", "the rollout side's CPUs")
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class UtilizationConfig:
     latencies: tuple[str, ...] = knob(LATENCIES, "tool latencies, one set of runs each")
     run: DemoRunConfig = section(DemoRunConfig)

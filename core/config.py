@@ -28,10 +28,10 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from core.config_checks import _BOUNDS, _CHOICES, _HELP, _MATCHES, _SECTION, check_fields, configclass
+from core.config_checks import _BOUNDS, _CHOICES, _HELP, _MATCHES, _SECTION, KnobError, check_fields, configclass
 
 _FLAG, _PREFIX, _HIDE, _REPEAT = "flag", "prefix", "hide", "repeat"
-__all__ = ["build", "check_fields", "configclass", "derived", "knob", "parse", "section", "to_argv"]
+__all__ = ["KnobError", "build", "check_fields", "configclass", "derived", "knob", "parse", "section", "to_argv"]
 
 
 def knob(
@@ -69,7 +69,7 @@ def knob(
     return dataclasses.field(default=default, metadata=metadata, **kw)
 
 
-def derived(default: Any = None, help: str = "", **checks):
+def derived(default: Any = dataclasses.MISSING, help: str = "", **checks):
     """A field set by the code that builds the config (from other fields), never a flag."""
     return knob(default, help, flag=False, **checks)
 
@@ -292,7 +292,12 @@ def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base, fill=Non
                 value = _parse_value(value, leaf.type)
             kwargs[f.name] = value
     kwargs.update(fill or {})
-    return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
+    try:
+        return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
+    except KnobError as e:  # name the flag as the user types it: the section's prefix too
+        if e.qualified or not prefix:
+            raise
+        raise KnobError(prefix + e.flag, e.text, qualified=True) from None
 
 
 def build(cls, base=None, **by_flag):

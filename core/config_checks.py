@@ -12,7 +12,7 @@ import math
 import types
 import typing
 
-_HELP, _SECTION, _CHOICES, _BOUNDS, _MATCHES = "help", "section", "choices", "bounds", "matches"
+_HELP, _SECTION, _CHOICES, _BOUNDS, _MATCHES, _FLAG = "help", "section", "choices", "bounds", "matches", "flag"
 _COMPARE = {
     "ge": (lambda v, b: v >= b, ">="),
     "gt": (lambda v, b: v > b, ">"),
@@ -41,6 +41,15 @@ def configclass(cls=None, /, **dataclass_kw):
     return wrap if cls is None else wrap(cls)
 
 
+class KnobError(ValueError):
+    """A knob's value refused by its declaration; the message starts with the knob's flag
+    name (its section's prefix added by config.from_namespace, which knows it)."""
+
+    def __init__(self, flag: str, text: str, qualified: bool = False):
+        super().__init__(f"{flag} {text}")
+        self.flag, self.text, self.qualified = flag, text, qualified
+
+
 def check_fields(obj) -> None:
     """ValueError naming the first knob of `obj` whose value has the wrong type, is not one
     of its choices or is out of its bounds. Sections are checked when they are built."""
@@ -51,11 +60,11 @@ def check_fields(obj) -> None:
         value, (kind, optional) = getattr(obj, f.name), _declared(hints[f.name])
         if value is None:
             if not optional and f.default is not None:
-                raise ValueError(f"{f.name} must be set, got None")
+                raise KnobError(_flag(f), "must be set, got None")
             continue
         if typing.get_origin(kind) is tuple or kind is tuple:
             if not isinstance(value, tuple):
-                raise ValueError(f"{f.name} must be a tuple, got {value!r}")
+                raise KnobError(_flag(f), f"must be a tuple, got {value!r}")
             item_kind = (typing.get_args(kind) or (object,))[0]
             for item in value:
                 _check_value(f, typing.get_origin(item_kind) or item_kind, item, value)
@@ -73,19 +82,24 @@ def _declared(tp):
     return tp, False
 
 
+def _flag(f) -> str:
+    flag = f.metadata.get(_FLAG, True)
+    return flag if isinstance(flag, str) else f.name
+
+
 def _check_value(f, kind, item, whole) -> None:
-    name, choices = f.name, f.metadata.get(_CHOICES)
+    choices = f.metadata.get(_CHOICES)
     if kind is int and type(item) is not int:
-        raise ValueError(f"{name} must be an int, got {whole!r}")
+        raise KnobError(_flag(f), f"must be an int, got {whole!r}")
     if kind is float and (isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item)):
-        raise ValueError(f"{name} must be a finite number, got {whole!r}")
+        raise KnobError(_flag(f), f"must be a finite number, got {whole!r}")
     if kind in (str, bool, dict, list) and not isinstance(item, kind):
-        raise ValueError(f"{name} must be a {kind.__name__}, got {whole!r}")
+        raise KnobError(_flag(f), f"must be a {kind.__name__}, got {whole!r}")
     if choices is not None and item not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {item!r}")
+        raise KnobError(_flag(f), f"must be one of {list(choices)}, got {item!r}")
     if _MATCHES in f.metadata and not f.metadata[_MATCHES][0].fullmatch(item):
-        raise ValueError(f"{name} must be {f.metadata[_MATCHES][1]}, got {item!r}")
+        raise KnobError(_flag(f), f"must be {f.metadata[_MATCHES][1]}, got {item!r}")
     for op, bound in f.metadata.get(_BOUNDS, {}).items():
         holds, sign = _COMPARE[op]
         if not holds(item, bound):
-            raise ValueError(f"{name} must be {sign} {bound}, got {whole!r}")
+            raise KnobError(_flag(f), f"must be {sign} {bound}, got {whole!r}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from core import config
-from core.config import knob, section
+from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from pipelines.packing_config import PackingConfig
 from rollout.engine_config import EngineConfig
@@ -28,7 +28,7 @@ from rollout.engine_config import EngineConfig
 REQUIRED_IO = ("requests_subscription", "records_topic", "policy_root")
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class RolloutIOConfig:
     requests_subscription: str | None = knob(None, "projects/P/subscriptions/S carrying rollout requests")
     records_topic: str | None = knob(None, "projects/P/topics/T for packed records")
@@ -40,13 +40,13 @@ class RolloutIOConfig:
         return [f"--{name}" for name in REQUIRED_IO if not getattr(self, name)]
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class RolloutJobConfig:
     io: RolloutIOConfig = section(RolloutIOConfig, help="Pub/Sub and the policy store")
     layout: LayoutConfig = section(LayoutConfig, help="the record layout (the learner's too)")
     engine: EngineConfig = section(EngineConfig, help="each worker's inference engine and episodes")
     packing: PackingConfig = section(PackingConfig, help="packing trajectories into records")
-    heartbeat_s: float = knob(0.1, "DirectRunner only: keep-alive interval so timers fire on time (0 = off)")
+    heartbeat_s: float = knob(0.1, "DirectRunner only: keep-alive interval so timers fire on time (0 = off)", ge=0)
     dofn_per_bundle: bool = knob(
         False,
         "DirectRunner only: Beam's own fresh unpickled DoFn for every bundle (off: one per executor "
@@ -72,8 +72,6 @@ class RolloutJobConfig:
             current = getattr(self, name)
             if any(getattr(current, k) != v for k, v in want.items()):
                 object.__setattr__(self, name, dataclasses.replace(current, **want))
-        if isinstance(self.heartbeat_s, bool) or not isinstance(self.heartbeat_s, (int, float)) or self.heartbeat_s < 0:
-            raise ValueError(f"heartbeat_s must be a number of seconds >= 0, got {self.heartbeat_s!r}")
 
 
 def from_values(values) -> RolloutJobConfig:

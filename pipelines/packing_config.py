@@ -7,10 +7,7 @@ rollout job's config tree (pipelines/config.py).
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
-from core.config import derived, knob
+from core.config import configclass, derived, knob
 from core.contracts import records
 from core.contracts.record_shape import (
     DEFAULT_BUCKETS,
@@ -35,7 +32,7 @@ def record_bytes_upper_bound(shape: RecordShape) -> int:
     return 8 + header + shape.rows * shape.seq_len * CELL_BYTES
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class PackingConfig:
     """Each field is a flag of the rollout job, except the record shapes: the job derives
     them from its record layout section (--buckets, --rows, --max_segments_per_row)."""
@@ -47,11 +44,11 @@ class PackingConfig:
     max_segments_per_row: int = derived(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories per row, from the layout")
     # A buffer is flushed at the latest when the watermark passes its window's end; this
     # also bounds how long per-key state lives.
-    window_s: float = knob(60.0, "event-time packing window: buffers are flushed at its end")
+    window_s: float = knob(60.0, "event-time packing window: buffers are flushed at its end", gt=0)
     # Processing time after the first trajectory entered an empty buffer.
-    max_wait_s: float = knob(2.0, "a partly filled record is flushed after this long")
-    num_shards: int = knob(1, "packing keys per length bucket")  # spreads one bucket over workers
-    dedup_window_s: float = knob(3600.0, "how long a trajectory id (or content hash) is remembered")
+    max_wait_s: float = knob(2.0, "a partly filled record is flushed after this long", gt=0)
+    num_shards: int = knob(1, "packing keys per length bucket", ge=1)  # spreads one bucket over workers
+    dedup_window_s: float = knob(3600.0, "how long a trajectory id (or content hash) is remembered", gt=0)
     # Bools default to False: Beam re-creates options on workers from a dict in which True
     # becomes a bare --flag and False is dropped.
     content_dedup: bool = knob(False, "also drop trajectories with equal tokens + loss mask under another id")
@@ -65,28 +62,15 @@ class PackingConfig:
     )
     # Elements behind the watermark are still packed (and flushed at once) when their
     # window closed less than this long ago; later ones may be dropped by the runner.
-    allowed_lateness_s: float = knob(3600.0, "late trajectories within this of their window's end are still packed")
+    allowed_lateness_s: float = knob(
+        3600.0, "late trajectories within this of their window's end are still packed", ge=0
+    )
 
     def __post_init__(self):
-        object.__setattr__(self, "buckets", tuple(self.buckets))
         RecordLayout(self.buckets, self.rows, self.max_segments_per_row)  # the one shape check
-        if type(self.num_shards) is not int or self.num_shards <= 0:
-            raise ValueError(f"num_shards must be a positive int, got {self.num_shards!r}")
-        for name in ("window_s", "max_wait_s", "dedup_window_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a positive finite number of seconds, got {v!r}")
-        lateness = self.allowed_lateness_s
-        if isinstance(lateness, bool) or not isinstance(lateness, (int, float)) or not 0 <= lateness < math.inf:
-            raise ValueError(f"allowed_lateness_s must be finite and >= 0, got {lateness!r}")
         if self.window_s < self.max_wait_s:
             # The window end would always come first: max_wait_s would be a dead setting.
             raise ValueError(f"window_s ({self.window_s}) must be >= max_wait_s ({self.max_wait_s})")
-        if self.overlong not in OVERLONG_POLICIES:
-            raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {self.overlong!r}")
-        for name in ("content_dedup", "filter_zero_signal"):
-            if type(getattr(self, name)) is not bool:
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for shape in self.shapes:
             if shape.rows * shape.seq_len > records.MAX_ELEMENTS:
                 raise ValueError(

@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from core.config import configclass, derived
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.trajectory import Trajectory, token_digest
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
@@ -27,18 +28,13 @@ from environments import Environment, EpisodeStatus, StepResult, Task
 from rollout.engine import InferenceEngine, Sequence
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class EpisodeLimits:
-    max_new_tokens_per_turn: int = 32
-    max_tokens: int = DEFAULT_MAX_TRAJECTORY_LEN  # whole trajectory, prompt included: must fit one record row
-    step_timeout_s: float = 30.0
-    episode_timeout_s: float = 120.0
-
-    def __post_init__(self):
-        if min(self.max_new_tokens_per_turn, self.max_tokens) < 1:
-            raise ValueError(f"episode token limits must be >= 1: {self}")
-        if self.step_timeout_s <= 0 or self.episode_timeout_s <= 0:
-            raise ValueError(f"episode timeouts must be positive: {self}")
+    max_new_tokens_per_turn: int = derived(32, "tokens one turn may generate", ge=1)
+    # The whole trajectory, prompt included: it must fit one record row.
+    max_tokens: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "tokens of the whole trajectory", ge=1)
+    step_timeout_s: float = derived(30.0, "one environment step", gt=0)
+    episode_timeout_s: float = derived(120.0, "the whole episode", gt=0)
 
 
 @dataclasses.dataclass

@@ -18,7 +18,6 @@ trajectories or records, so evaluation never trains. Its flags are EvaluatorConf
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import environments
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.store import PolicyStore, StoreError
 from core.policy.chat_format import chat_format_for
@@ -44,7 +43,7 @@ from rollout.evaluation import MODES, evaluate
 log = logging.getLogger("evaluator")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@configclass(kw_only=True)
 class EvaluatorConfig:
     """The evaluator's flags; checked where they are used (`run`), before any model is built."""
 
@@ -52,23 +51,23 @@ class EvaluatorConfig:
     out: str = knob(help="JSONL file, one row per (version, mode)")
     env: str = knob("calculator", "the environment whose test split is scored")
     env_config: dict = knob({}, "JSON; tool latency is off unless given")
-    n: int = knob(256, "held-out tasks per evaluation")
+    n: int = knob(256, "held-out tasks per evaluation (the demo: 0 turns evaluation off)", ge=0)
     task_seed: int = knob(0, "seed of the held-out tasks")
     data_dir: str | None = knob(None, "read the test split from the environment's TFDS dataset")
     modes: str = knob(",".join(MODES), f"comma-separated, from {MODES}")
     model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
     model: str | None = knob(None, MODEL_HELP)
-    max_tokens: int = knob(DEFAULT_MAX_TRAJECTORY_LEN, "episode length cap (the layout's max_trajectory_len)")
-    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate")
-    slots: int = knob(64, "episodes decoded at once")
-    prefill: int = knob(32, "tokens each slot is fed per catch-up step (prompts, observations)")
-    prefill_slots: int = knob(8, "slots fed a catch-up chunk per engine step (the others with input wait)")
+    max_tokens: int = knob(DEFAULT_MAX_TRAJECTORY_LEN, "episode length cap (the layout's max_trajectory_len)", ge=1)
+    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate", ge=1)
+    slots: int = knob(64, "episodes decoded at once", ge=1)
+    prefill: int = knob(32, "tokens each slot is fed per catch-up step (prompts, observations)", ge=1)
+    prefill_slots: int = knob(8, "slots fed a catch-up chunk per engine step (the others with input wait)", ge=1)
     episode_timeout_s: float = knob(
         120.0, "an episode longer than this (wall clock) ends as timeout: raise it for a slow model on many slots"
     )
-    poll_s: float = knob(1.0, "how often the store is looked at for a new version")
+    poll_s: float = knob(1.0, "how often the store is looked at for a new version", gt=0)
     stop_file: str | None = knob(None, "holds the final version once the learner is done")
-    timeout_s: float = knob(3600.0, "give up (exit 1) after this long")
+    timeout_s: float = knob(3600.0, "give up (exit 1) after this long", gt=0)
     seed: int = knob(0, "sampling seed")
     nice: int = knob(0, "lower this process's CPU priority (shared machines)")
     logdir: str | None = knob(None, "eval/... scalars (TensorBoard + JSONL) under <logdir>/evaluator")

@@ -228,7 +228,7 @@ def test_adapter_is_a_small_fraction_of_the_model():
 def test_config_refusals_and_flags():
     with pytest.raises(ValueError, match="rank must be >= 0"):
         LoraConfig(rank=-1)
-    with pytest.raises(ValueError, match="alpha must be positive"):
+    with pytest.raises(ValueError, match="alpha must be > 0"):
         LoraConfig(rank=4, alpha=0.0)
     with pytest.raises(ValueError, match=r"\['w_proj'\].*valid: q, kv, out, gate, up, down, lm_head"):
         LoraConfig(rank=4, targets=("q", "w_proj"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from core.config import knob, section
+from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.config import MODEL_CONFIGS
 from core.policy.sources import MODEL_HELP
@@ -45,7 +45,7 @@ def parse_mesh(text: str | None) -> tuple[int, int] | None:
     return shape
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class LearnerJobConfig:
     """Everything the learner job reads from its command line."""
 

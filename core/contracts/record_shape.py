@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from core.config import knob
+from core.config import configclass, knob
 
 # One row of 1024 with up to 16 trajectories: the same 1,024 tokens and 16 trajectories per
 # record as the old 4 rows of 256 with 4 each, but first-fit into one long row wastes less
@@ -104,7 +104,7 @@ class RecordLayout:
         return self.shapes[-1]
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class LayoutConfig:
     """The record layout's flags, the same for the learner, the rollout job, the demo and
     the planner (each process's config tree holds this section)."""

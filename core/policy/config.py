@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from core.config import configclass, derived
 from core.policy import tokenizer
 
 ROPE_KINDS = ("default", "linear", "llama3")
@@ -18,76 +19,61 @@ ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types names
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class RopeConfig:
     """One RoPE setting, as HF's rope_parameters states it. `kind` is the rope_type:
     "default", "linear" (frequencies / factor) or "llama3" (Llama 3.1's banded rescale)."""
 
-    base: float = 10_000.0
-    kind: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0  # llama3 only
-    high_freq_factor: float = 4.0  # llama3 only
-    original_max_position: int = 8192  # llama3 only
+    base: float = derived(10_000.0, gt=0)
+    kind: str = derived("default", choices=ROPE_KINDS)
+    factor: float = derived(1.0, gt=0)
+    low_freq_factor: float = derived(1.0)  # llama3 only
+    high_freq_factor: float = derived(4.0)  # llama3 only
+    original_max_position: int = derived(8192, ge=1)  # llama3 only
 
     def __post_init__(self):
-        if self.kind not in ROPE_KINDS:
-            raise ValueError(f"rope kind {self.kind!r} is not supported; supported: {ROPE_KINDS}")
-        if self.base <= 0 or self.factor <= 0:
-            raise ValueError(f"rope base and factor must be positive, got {self.base}, {self.factor}")
         if self.kind == "llama3" and not (0 < self.low_freq_factor < self.high_freq_factor):
             raise ValueError("llama3 rope needs 0 < low_freq_factor < high_freq_factor")
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class ModelConfig:
-    vocab_size: int = tokenizer.VOCAB_SIZE
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int = 2  # grouped-query attention: n_heads / n_kv_heads query heads share a KV head
-    mlp_dim: int = 256
-    max_seq_len: int = 256
+    vocab_size: int = derived(tokenizer.VOCAB_SIZE, ge=1)
+    d_model: int = derived(64, ge=1)
+    n_layers: int = derived(2, ge=1)
+    n_heads: int = derived(4, ge=1)
+    n_kv_heads: int = derived(2, ge=1)  # grouped-query attention: n_heads / n_kv_heads query heads share a KV head
+    mlp_dim: int = derived(256, ge=1)
+    max_seq_len: int = derived(256, ge=1)
     rope: RopeConfig = RopeConfig()
     # Family features (defaults: the built-in policy).
-    head_size: int | None = None  # explicit head_dim (Qwen3, Gemma); None: d_model // n_heads
-    norm_eps: float = 1e-6  # nnx.RMSNorm's default, which the built-in policy always used
+    head_size: int | None = derived(None, ge=2)  # explicit head_dim (Qwen3, Gemma); None: d_model // n_heads
+    norm_eps: float = derived(1e-6, gt=0)  # nnx.RMSNorm's default, which the built-in policy always used
     qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
     qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each query/key head before RoPE
     tie_embeddings: bool = True  # False: a separate lm_head (Llama 3 8B, Qwen2.5 7B)
-    activation: str = "silu"  # the gated MLP's gate: SwiGLU, or GeGLU ("gelu_pytorch_tanh", Gemma)
+    # the gated MLP's gate: SwiGLU, or GeGLU ("gelu_pytorch_tanh", Gemma)
+    activation: str = derived("silu", choices=ACTIVATIONS)
     norm_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), so w starts at zero
     sandwich_norms: bool = False  # Gemma: extra norms after attention and after the MLP
     embed_scale: bool = False  # Gemma: embeddings times sqrt(d_model)
-    query_pre_attn_scalar: float | None = None  # Gemma: scores scale 1/sqrt(this); None: head_dim
-    layer_types: tuple[str, ...] = ()  # per layer FULL or SLIDING; (): every layer FULL
-    sliding_window: int = 0  # a SLIDING layer's query sees keys at q - k < sliding_window
+    query_pre_attn_scalar: float | None = derived(None, gt=0)  # Gemma: scores scale 1/sqrt(this); None: head_dim
+    # per layer FULL or SLIDING; (): every layer FULL
+    layer_types: tuple[str, ...] = derived((), choices=(FULL, SLIDING))
+    sliding_window: int = derived(0, ge=0)  # a SLIDING layer's query sees keys at q - k < sliding_window
     rope_local: RopeConfig | None = None  # Gemma: RoPE of SLIDING layers; None: `rope`
 
     def __post_init__(self):
-        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_dim", "max_seq_len"):
-            if getattr(self, f) <= 0:
-                raise ValueError(f"ModelConfig.{f} must be positive, got {getattr(self, f)}")
         if self.head_size is None and (self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2):
             raise ValueError("d_model must split into n_heads heads of even size (RoPE pairs)")
-        if self.head_size is not None and (self.head_size <= 0 or self.head_size % 2):
-            raise ValueError(f"head_size must be positive and even (RoPE pairs), got {self.head_size}")
+        if self.head_size is not None and self.head_size % 2:
+            raise ValueError(f"head_size must be even (RoPE pairs), got {self.head_size}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} must be a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation {self.activation!r} is not supported; supported: {ACTIVATIONS}")
-        if self.norm_eps <= 0:
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
-        if self.query_pre_attn_scalar is not None and self.query_pre_attn_scalar <= 0:
-            raise ValueError(f"query_pre_attn_scalar must be positive, got {self.query_pre_attn_scalar}")
-        if self.layer_types:
-            if len(self.layer_types) != self.n_layers:
-                raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
-            unknown = set(self.layer_types) - {FULL, SLIDING}
-            if unknown:
-                raise ValueError(f"layer_types {sorted(unknown)} not supported; supported: {FULL}, {SLIDING}")
-            if SLIDING in self.layer_types and self.sliding_window <= 0:
-                raise ValueError(f"sliding layers need sliding_window > 0, got {self.sliding_window}")
+        if self.layer_types and len(self.layer_types) != self.n_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.n_layers} layers")
+        if SLIDING in self.layer_types and self.sliding_window <= 0:
+            raise ValueError(f"sliding layers need sliding_window > 0, got {self.sliding_window}")
 
     @property
     def head_dim(self) -> int:

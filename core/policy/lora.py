@@ -20,13 +20,11 @@ model with W' = W + scale * A @ B.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from core.config import knob
+from core.config import configclass, knob
 from core.policy.hf_weights import nest
 from core.policy.model import Transformer, abstract_model
 
@@ -39,10 +37,10 @@ HF_NAMES = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "o_proj": "out"} | {
 }
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class LoraConfig:
-    rank: int = knob(0, "LoRA rank (0: off, every weight is trained)")
-    alpha: float = knob(16.0, "LoRA alpha: the update is scaled by alpha / rank")
+    rank: int = knob(0, "LoRA rank (0: off, every weight is trained)", ge=0)
+    alpha: float = knob(16.0, "LoRA alpha: the update is scaled by alpha / rank", gt=0)
     targets: tuple[str, ...] = knob(ATTENTION + MLP, f"the Linear layers to adapt, of {', '.join(TARGETS)}")
 
     def __post_init__(self):
@@ -51,10 +49,6 @@ class LoraConfig:
         if "k_proj" in self.targets and "v_proj" in self.targets:
             named.remove("kv")
         object.__setattr__(self, "targets", tuple(named))
-        if self.rank < 0:
-            raise ValueError(f"lora rank must be >= 0, got {self.rank}")
-        if not self.alpha > 0:
-            raise ValueError(f"lora alpha must be positive, got {self.alpha}")
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown:
             raise ValueError(

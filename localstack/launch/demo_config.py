@@ -11,13 +11,12 @@ each process with `config.to_argv` of its section: no flag is forwarded by hand.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
 import environments
 from core import config
-from core.config import knob, section
+from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.config import MODEL_CONFIGS
 from core.policy.sources import MODEL_HELP
@@ -66,7 +65,7 @@ def main_job_evaluator() -> EvaluatorConfig:
     return config.build(EvaluatorConfig, policy_root=SET_BY_DEMO, out=SET_BY_DEMO, nice=10)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class DemoConfig:
     """`agentic-rl demo` (`make demo`): the main job on the embedded local stack."""
 
@@ -84,7 +83,7 @@ class DemoConfig:
         "(localstack/launch/recipes.py), which flags given here override",
     )
     env_config: dict = knob({}, "the environment's settings besides tool latency, JSON (turn limit, ranges)")
-    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate (rollout, evaluation, layout)")
+    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate (rollout, evaluation, layout)", ge=1)
     model_config: str = knob(
         LearnerJobConfig.model_config, "the policy model, the same in every process", choices=sorted(MODEL_CONFIGS)
     )
@@ -107,7 +106,7 @@ class DemoConfig:
     )
     init_policy: str | None = knob(None, "start RL from this policy store's newest version (no warm start)")
     resume: bool = knob(False, "continue from the learner checkpoint a previous run left in --workdir")
-    max_restarts: int = knob(3, "times a dead rollout job, and a dead Pub/Sub emulator, is started again")
+    max_restarts: int = knob(3, "times a dead rollout job, and a dead Pub/Sub emulator, is started again", ge=0)
     target: float = knob(0.9, "held-out success the summary reports reaching")
     plan: str = knob(
         "auto",
@@ -117,7 +116,10 @@ class DemoConfig:
     target_duty: float = knob(0.95, "the learner duty cycle the plan aims at")
     rollout_rate: float | None = knob(None, "for the plan: the measured rollout ceiling, trajectories/s")
     learner_processes: int = knob(
-        1, "JAX processes of the learner, joined as on Vertex AI (CLUSTER_SPEC on localhost, gloo collectives)"
+        1,
+        "JAX processes of the learner, joined as on Vertex AI (CLUSTER_SPEC on localhost, gloo collectives)",
+        ge=1,
+        le=8,
     )
     learner_cpus: str | None = knob(None, "pin the learner (and the planner) to these cores, e.g. 0")
     rollout_cpus: str | None = knob(None, "pin the emulator, rollout job and evaluator, e.g. 1")
@@ -134,12 +136,6 @@ class DemoConfig:
                 environments.make(self.env, **{**self.env_config, "tool_latency": self.tool_latency})
             except (TypeError, ValueError) as e:
                 raise ValueError(f"--env_config {self.env_config} is not a setting of --env {self.env}: {e}") from None
-        if self.max_new_tokens_per_turn < 1:
-            raise ValueError(f"--max_new_tokens_per_turn must be >= 1, got {self.max_new_tokens_per_turn}")
-        if not 1 <= self.learner_processes <= 8:
-            raise ValueError(f"--learner_processes must be 1..8 (on this machine), got {self.learner_processes}")
-        if self.max_restarts < 0:
-            raise ValueError(f"--max_restarts must be >= 0, got {self.max_restarts}")
         for flag in ("learner_cpus", "rollout_cpus"):  # refused here, not once the watchdog runs
             text = getattr(self, flag)
             if text is None:

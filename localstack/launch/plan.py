@@ -15,7 +15,6 @@ written as JSON whose `learner_flags` and `pipeline_flags` the demo passes on.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import statistics
@@ -28,7 +27,7 @@ import numpy as np
 
 import environments
 from core import config
-from core.config import knob, section
+from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.lora import LoraConfig
@@ -43,7 +42,7 @@ from trainer.learning.learner import LearnerConfig
 DEFAULT_PIPELINE_S = 1.0  # request publish + bundle + commit + record publish + poll (docs/BENCHMARKS.md)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class PlanConfig:
     """The planner's flags. The knobs it shares with the learner and the rollout job take
     their defaults from those jobs' configs, so a plan sizes the run they would start."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from core.config import configclass, derived
 from core.policy.config import SLIDING, ModelConfig
 from localstack.launch.accelerators import Slice
 from trainer.learning.capacity import Measurements, check_async, make_plan
@@ -73,24 +74,19 @@ def count_params(cfg: ModelConfig) -> int:
     return embed * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * layer + d
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class Assumptions:
     """Not vendor figures and not measured on the target: printed with every plan."""
 
-    learner_mfu: float = 0.35  # of the slice's dense bf16 peak, for the train step
-    decode_mfu: float = 0.3  # of peak, when a decode or prefill call is compute-bound
-    bandwidth_efficiency: float = 0.7  # of the vendor's HBM bandwidth a decode step reaches
-    memory_fraction: float = 0.9  # of HBM the engine may fill with weights and KV cache
+    learner_mfu: float = derived(0.35, "of the slice's dense bf16 peak, for the train step", gt=0, le=1)
+    decode_mfu: float = derived(0.3, "of peak, when a decode or prefill call is compute-bound", gt=0, le=1)
+    bandwidth_efficiency: float = derived(0.7, "of the vendor's HBM bandwidth a decode step reaches", gt=0, le=1)
+    memory_fraction: float = derived(0.9, "of HBM the engine may fill with weights and KV cache", gt=0, le=1)
     # Host time, measured on this machine's CPU (docs/BENCHMARKS.md): Sampler.step's Python
     # and dispatch, 2.4 ms + 0.28 ms a step (Rollout, cProfile); the Beam job's cost a
     # trajectory, 1/74.1 - 1/108.9 s on one core (Beam tax, no tools: job vs engine).
     step_overhead_s: float = 0.0027
     host_s_per_trajectory: float = 0.0043
-
-    def __post_init__(self):
-        for f in ("learner_mfu", "decode_mfu", "bandwidth_efficiency", "memory_fraction"):
-            if not 0 < getattr(self, f) <= 1:
-                raise ValueError(f"{f} must be in (0, 1], got {getattr(self, f)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.policy.config import MODEL_CONFIGS
 from core.policy.hf_config import config_from_hf, read_hf_config
 from environments.latency import LatencyModel
@@ -48,7 +48,7 @@ _DEFAULT = sm.Assumptions()
 MEASURED_PIPELINE_S = 2.0  # localstack.launch.plan: the packer's 1 s max wait + its 1 s transport constant
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class ScalePlanConfig:
     model: str = knob("qwen2.5-0.5b", MODEL_HELP)
     accelerator: str = knob("v5e-8", "the learner: a TPU slice (v5e-8, v5p-64, v6e-16) or GPUs (h100x8)")

@@ -16,7 +16,6 @@ are unregistered when their owner stops them, so a reused group id is never sign
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -26,10 +25,10 @@ import time
 from pathlib import Path
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class WatchdogConfig:
     parent: int = knob(help="the launcher's pid: its exit is what the watchdog waits for")
     registry: str = knob(help="the file of process groups the launcher registered")

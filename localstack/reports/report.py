@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # files only: never needs a display
 import matplotlib.pyplot as plt
 
 from core import config
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.run_summary import Accounting
 from core.telemetry.scalars import read_rows as read_jsonl  # tolerant of a line cut short
 from localstack.reports.heldout import held_out_summary
@@ -368,7 +368,7 @@ def write_report(workdir, start_s: float | None = None, window_s: float = 20.0) 
     return path
 
 
-@dataclass(frozen=True)
+@configclass
 class ReportFlags:
     timeline_out: str | None = knob(None, "write only this timeline PNG, from WORKDIR/trace.json")
     start_s: float | None = knob(None, "timeline start, s since the trace's first event")

@@ -20,29 +20,21 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from core.config import configclass, derived
+
 BINDS = ("learner", "rollout compute", "credits", "engine concurrency", "staleness bound")
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass(kw_only=True)
 class Measurements:
-    step_s: float  # one learner step of batch_records records, on the learner's hardware
-    trajectories_per_record: float  # how many the packer fits, for the environment's lengths
-    batch_records: int
-    episode_s: float  # one episode's wall time: generation + tool waits (mean)
-    pipeline_s: float  # finished episode -> record at the learner (packer wait, transport)
-    rollout_rate: float  # trajectories/s the rollout side makes when never short of requests
-    tokens_per_trajectory: float = 0.0  # non-pad tokens, for tokens/s
-    slowest_episode_s: float | None = None  # expected slowest of one sync round (heavy tails)
-
-    def __post_init__(self):
-        for name in ("step_s", "trajectories_per_record", "episode_s", "rollout_rate"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"Measurements.{name} must be a positive number, got {v!r}")
-        if not (math.isfinite(self.pipeline_s) and self.pipeline_s >= 0):
-            raise ValueError(f"Measurements.pipeline_s must be >= 0, got {self.pipeline_s!r}")
-        if type(self.batch_records) is not int or self.batch_records < 1:
-            raise ValueError(f"Measurements.batch_records must be a positive int, got {self.batch_records!r}")
+    step_s: float = derived(help="one learner step of batch_records records, on the learner's hardware", gt=0)
+    trajectories_per_record: float = derived(help="how many the packer fits, for the environment's lengths", gt=0)
+    batch_records: int = derived(help="records per step", ge=1)
+    episode_s: float = derived(help="one episode's wall time: generation + tool waits (mean)", gt=0)
+    pipeline_s: float = derived(help="finished episode -> record at the learner (packer wait, transport)", ge=0)
+    rollout_rate: float = derived(help="trajectories/s the rollout side makes when never short of requests", gt=0)
+    tokens_per_trajectory: float = derived(0.0, "non-pad tokens, for tokens/s", ge=0)
+    slowest_episode_s: float | None = derived(None, "expected slowest of one sync round (heavy tails)", gt=0)
 
     @property
     def trajectories_per_step(self) -> float:

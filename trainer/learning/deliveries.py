@@ -26,29 +26,29 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from core.config import derived, knob
+from core.config import configclass, derived, knob
 from trainer.learning.staleness import StalenessConfig
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class DeliveryConfig:
     # Pub/Sub accepts 10..600 s. What each extension asks for: long enough that a first
     # compile (tens of seconds on CPU) between two polls does not let a deadline lapse.
-    ack_deadline_s: int = knob(120, "ack deadline asked for records held until a checkpoint covers them (10..600)")
+    ack_deadline_s: int = knob(
+        120, "ack deadline asked for records held until a checkpoint covers them (10..600)", ge=10, le=600
+    )
     # Under half the deadline, so one late poll is no loss.
     extend_every_s: float = knob(30.0, "how often held records' deadlines are extended", flag="ack_extend_every_s")
-    max_staleness: int = derived(StalenessConfig.max_staleness, "the learner's staleness bound: the dedup horizon")
+    max_staleness: int = derived(
+        StalenessConfig.max_staleness, "the learner's staleness bound: the dedup horizon", ge=0
+    )
 
     def __post_init__(self):
-        if type(self.ack_deadline_s) is not int or not 10 <= self.ack_deadline_s <= 600:
-            raise ValueError(f"ack_deadline_s must be an int in [10, 600] (Pub/Sub's), got {self.ack_deadline_s!r}")
         if not 0 < self.extend_every_s < self.ack_deadline_s / 2:
             raise ValueError(
                 f"extend_every_s must be in (0, ack_deadline_s / 2 = {self.ack_deadline_s / 2}): a held message "
                 f"would otherwise be redelivered while it waits for its checkpoint, got {self.extend_every_s}"
             )
-        if type(self.max_staleness) is not int or self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be an int >= 0, got {self.max_staleness!r}")
 
 
 @dataclasses.dataclass

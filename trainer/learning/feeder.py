@@ -11,7 +11,6 @@ maximum wait, a window of (ahead + 1) * batch_records * rows * max_segments_per_
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import logging
 import math
@@ -21,7 +20,7 @@ import uuid
 
 from google.api_core import exceptions as gexc
 
-from core.config import derived, knob
+from core.config import configclass, derived, knob
 from core.contracts import pubsub_io
 from core.contracts.record_shape import RecordShape
 from core.contracts.rollout_request import RolloutRequest
@@ -29,17 +28,17 @@ from core.contracts.rollout_request import RolloutRequest
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class CreditConfig:
-    max_batches_ahead: int = knob(1, "feeder credits, in batches beyond the one being filled")
-    batch_records: int = derived(1, "the learner's --batch_records")
+    max_batches_ahead: int = knob(1, "feeder credits, in batches beyond the one being filled", ge=0)
+    batch_records: int = derived(1, "the learner's --batch_records", ge=1)
     shape: RecordShape = derived(RecordShape(1, 1, 1), "the layout's largest record shape")
-    group_size: int = knob(4, "episodes per request (the GRPO group)")
+    group_size: int = knob(4, "episodes per request (the GRPO group)", ge=1)
     # Synchronous rounds: the window is the largest round, the trajectories that fill
     # `steps_per_round` batches of full records (whole groups); SyncSchedule sizes each
     # round within it from the packing it sees. max_batches_ahead unused.
     sync: bool = derived(False, "the learner's --sync")
-    steps_per_round: int = derived(1, "the learner's --publish_every")
+    steps_per_round: int = derived(1, "the learner's --publish_every", ge=1)
     # The user's knob for the asynchronous window: trajectories in flight (Little's law:
     # the learner's consumption rate x episode latency). None: from max_batches_ahead.
     max_in_flight: int | None = knob(
@@ -48,18 +47,12 @@ class CreditConfig:
     # Above any honest episode latency: a redo of a slow request doubles its cost. None:
     # never (the sync baseline's round timeout does it per round).
     request_timeout_s: float | None = knob(
-        300.0, "a rollout request not back within this is written off and asked again (async only)"
+        300.0, "a rollout request not back within this is written off and asked again (async only)", gt=0
     )
 
     def __post_init__(self):
-        if self.request_timeout_s is not None and not 0 < self.request_timeout_s < float("inf"):
-            raise ValueError(f"request_timeout_s must be a positive number of seconds, got {self.request_timeout_s!r}")
-        if self.max_batches_ahead < 0 or self.batch_records < 1 or self.group_size < 1 or self.steps_per_round < 1:
-            raise ValueError(
-                f"need max_batches_ahead >= 0, batch_records >= 1, group_size >= 1, steps_per_round >= 1: {self}"
-            )
         if self.max_in_flight is not None and not self.sync:
-            if type(self.max_in_flight) is not int or self.max_in_flight < self.min_window:
+            if self.max_in_flight < self.min_window:
                 raise ValueError(
                     f"max_in_flight={self.max_in_flight!r} could deadlock: the learner's next batch may need "
                     f"{self.min_window} trajectories in flight (batch_records x rows x segments + group_size)"

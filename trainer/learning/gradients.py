@@ -13,12 +13,10 @@ so the micro-batches' losses, mean diagnostics and gradients sum to the whole ba
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from core.config import knob
+from core.config import configclass, knob
 
 REMAT = ("auto", "on", "off")
 # auto: the built-in byte policy (0.1 M parameters) keeps every activation, as it always has.
@@ -26,7 +24,7 @@ AUTO_REMAT_PARAMS = 10_000_000
 AUTO_MICRO_BATCH_TOKENS = 2048  # auto micro-batches: rows adding up to at most this (one row at least)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class ComputeConfig:
     """Memory against compute in a train step (the RL step and the warm start alike)."""
 
@@ -40,16 +38,9 @@ class ComputeConfig:
         0,
         "split a step's rows into this many micro-batches and sum their gradients: activations scale "
         f"with one (0: auto: with remat on, micro-batches of about {AUTO_MICRO_BATCH_TOKENS} tokens; else 1)",
+        ge=0,
     )
-    logit_chunk: int = knob(512, "tokens projected onto the vocabulary at once (log-probs and entropy in chunks)")
-
-    def __post_init__(self):
-        if self.remat not in REMAT:
-            raise ValueError(f"remat must be one of {REMAT}, got {self.remat!r}")
-        if type(self.micro_batches) is not int or self.micro_batches < 0:
-            raise ValueError(f"micro_batches must be an int >= 0 (0: auto), got {self.micro_batches!r}")
-        if type(self.logit_chunk) is not int or self.logit_chunk < 1:
-            raise ValueError(f"logit_chunk must be a positive int, got {self.logit_chunk!r}")
+    logit_chunk: int = knob(512, "tokens projected onto the vocabulary at once (log-probs and entropy in chunks)", ge=1)
 
     def remat_for(self, n_params: int) -> bool:
         return self.remat == "on" or (self.remat == "auto" and n_params > AUTO_REMAT_PARAMS)

@@ -6,7 +6,6 @@ and never updated."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -18,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from core import heap
-from core.config import knob, section
+from core.config import configclass, knob, section
 from core.contracts.records import ARRAY_SPECS, PackedRecord
 from core.policy.config import ModelConfig
 from core.policy.logprobs import token_logprobs_and_entropy
@@ -30,43 +29,31 @@ from trainer.learning.gradients import ComputeConfig
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_logprobs", "advantages")
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class LearnerConfig:
-    batch_records: int = knob(4, "records per learner step; a step sees batch_records x rows sequences")
-    learning_rate: float = knob(3e-4, "Adam's learning rate (0: the RL-off control, no policy update)")
+    batch_records: int = knob(4, "records per learner step; a step sees batch_records x rows sequences", ge=1)
+    learning_rate: float = knob(3e-4, "Adam's learning rate (0: the RL-off control, no policy update)", ge=0)
     # Adam's first steps move every weight by about the learning rate, whatever the
     # gradient's size: from a few noisy groups that undoes a warm start (code, guess).
-    lr_warmup_steps: int = knob(0, "the learning rate rises linearly from 0 over this many RL steps")
+    lr_warmup_steps: int = knob(0, "the learning rate rises linearly from 0 over this many RL steps", ge=0)
     # The last version is the one a run is judged by and exported: a constant rate keeps
     # it as noisy as every other (code's held-out success fell 0.48 -> 0.37 over the last
     # six versions of a run at a constant rate).
     lr_decay: float = knob(
-        0.0, "after the warmup the rate falls by a cosine to (1 - lr_decay) x itself at the run's last step"
+        0.0,
+        "after the warmup the rate falls by a cosine to (1 - lr_decay) x itself at the run's last step",
+        ge=0,
+        le=1,
     )
-    max_grad_norm: float = knob(1.0, "gradients are clipped to this global norm")
+    max_grad_norm: float = knob(1.0, "gradients are clipped to this global norm", gt=0)
     # Off by default (Adam, as in PPO): with it, a batch whose advantages are all zero
     # would still move the weights.
-    weight_decay: float = knob(0.0, "AdamW weight decay (0: plain Adam)")
-    publish_every: int = knob(5, "learner steps between policy versions")
+    weight_decay: float = knob(0.0, "AdamW weight decay (0: plain Adam)", ge=0)
+    publish_every: int = knob(5, "learner steps between policy versions", ge=1)
     seed: int = knob(0, "the initial params' seed (and the warm start's)")
     loss: losses.LossConfig = section(losses.LossConfig)
     compute: ComputeConfig = section(ComputeConfig, help="memory against compute in a step")
     lora: LoraConfig = section(LoraConfig, "lora_", "LoRA adapters (rank 0: full fine-tuning)")
-
-    def __post_init__(self):
-        if type(self.lr_warmup_steps) is not int or self.lr_warmup_steps < 0:
-            raise ValueError(f"lr_warmup_steps must be an int >= 0, got {self.lr_warmup_steps!r}")
-        if type(self.lr_decay) not in (int, float) or not 0 <= self.lr_decay <= 1:
-            raise ValueError(f"lr_decay must be in [0, 1], got {self.lr_decay!r}")
-        if self.batch_records < 1:
-            raise ValueError(f"batch_records must be >= 1, got {self.batch_records}")
-        # learning_rate 0 is the RL-off control: the same run, no policy update.
-        if not self.learning_rate >= 0 or self.max_grad_norm <= 0:
-            raise ValueError("learning_rate must be >= 0 and max_grad_norm positive")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.publish_every < 1:
-            raise ValueError(f"publish_every must be >= 1, got {self.publish_every}")
 
 
 def learning_rate_schedule(cfg: LearnerConfig, total_steps: int | None):

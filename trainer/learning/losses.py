@@ -23,13 +23,12 @@ Sections: 2. aggregation  3. KL estimators  4. config  5. policy losses
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from core.config import derived, knob
+from core.config import configclass, derived, knob
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 4.9e8: far outside any clip range, far from f32 overflow
 ALGORITHMS = ("ppo", "gspo_token", "decoupled_ppo")
@@ -129,44 +128,24 @@ def kl_penalty(logp, ref_logp, estimator: str = "k3"):
 
 
 # ----------------------------------------------------------------------------- 4. config
-@dataclasses.dataclass(frozen=True)
+@configclass
 class LossConfig:
     """Everything policy_loss needs besides arrays. Frozen and hashable: pass it to jit as
     a static argument."""
 
     algorithm: str = knob("ppo", "the policy loss", choices=ALGORITHMS, flag="loss")
-    eps_low: float = knob(0.2, "the ratio is clipped to [1 - eps_low, 1 + eps_high] (DAPO clip-higher)")
-    eps_high: float = knob(0.28, "the upper clip of the ratio, 1 + eps_high")
+    eps_low: float = knob(0.2, "the ratio is clipped to [1 - eps_low, 1 + eps_high] (DAPO clip-higher)", ge=0, lt=1)
+    eps_high: float = knob(0.28, "the upper clip of the ratio, 1 + eps_high", ge=0)
     aggregation: str = knob("token-mean", "how per-token losses reduce to one", choices=AGGREGATIONS)
-    max_segments: int = derived(8, ">= the packer's max segments per row (seq-* modes, gspo_token): the layout's")
-    tis_cap: float | None = knob(None, "truncated importance sampling cap C of min(pi_prox / mu, C) (unset: off)")
-    kl_coef: float = knob(0.0, "weight of the KL penalty to the reference (the v0 policy)")
+    max_segments: int = derived(8, ">= the packer's max segments per row (seq-* modes, gspo_token): the layout's", ge=1)
+    tis_cap: float | None = knob(None, "truncated importance sampling cap C of min(pi_prox / mu, C) (unset: off)", gt=0)
+    kl_coef: float = knob(0.0, "weight of the KL penalty to the reference (the v0 policy)", ge=0)
     kl_estimator: str = knob("k3", "the per-token KL estimator", choices=KL_ESTIMATORS)
-    norm_len: float | None = knob(None, "seq-mean-token-sum only: divide sequence sums by this (unset: do not)")
+    norm_len: float | None = knob(None, "seq-mean-token-sum only: divide sequence sums by this (unset: do not)", gt=0)
 
     def __post_init__(self):
-        for name, value, allowed in (
-            ("algorithm", self.algorithm, ALGORITHMS),
-            ("aggregation", self.aggregation, AGGREGATIONS),
-            ("kl_estimator", self.kl_estimator, KL_ESTIMATORS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"unknown {name} {value!r}; expected one of {allowed}")
-        if not 0.0 <= self.eps_low < 1.0:
-            raise ValueError(f"need 0 <= eps_low < 1, got {self.eps_low}")
-        if not self.eps_high >= 0.0:
-            raise ValueError(f"need eps_high >= 0, got {self.eps_high}")
-        if not self.kl_coef >= 0.0:
-            raise ValueError(f"need kl_coef >= 0, got {self.kl_coef}")
-        if isinstance(self.max_segments, bool) or not isinstance(self.max_segments, int) or self.max_segments < 1:
-            raise ValueError(f"max_segments must be an int >= 1, got {self.max_segments!r}")
-        if self.tis_cap is not None and not self.tis_cap > 0.0:
-            raise ValueError(f"tis_cap must be > 0 (or None for off), got {self.tis_cap}")
-        if self.norm_len is not None:
-            if self.aggregation != "seq-mean-token-sum":
-                raise ValueError(f"norm_len only applies to seq-mean-token-sum, not {self.aggregation!r}")
-            if not self.norm_len > 0.0:
-                raise ValueError(f"norm_len must be > 0, got {self.norm_len}")
+        if self.norm_len is not None and self.aggregation != "seq-mean-token-sum":
+            raise ValueError(f"norm_len only applies to seq-mean-token-sum, not {self.aggregation!r}")
 
     @property
     def needs_proximal(self) -> bool:

@@ -16,21 +16,18 @@ on its own version.
 from __future__ import annotations
 
 import collections
-import dataclasses
 
-from core.config import knob
+from core.config import configclass, knob
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class StalenessConfig:
-    max_staleness: int = knob(2, "drop records older than this many versions (--sync: always 0)")
+    max_staleness: int = knob(2, "drop records older than this many versions (--sync: always 0)", ge=0)
     max_mean_staleness: float | None = knob(
         None, "wait for fresher data while the ready data is staler than this on average (unset: never wait)"
     )
 
     def __post_init__(self):
-        if type(self.max_staleness) is not int or self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be an int >= 0, got {self.max_staleness!r}")
         if self.max_mean_staleness is not None and not 0 <= self.max_mean_staleness <= self.max_staleness:
             # Above max_staleness it could never bind; below 0 the learner would wait forever.
             raise ValueError(

@@ -11,10 +11,9 @@ instead of running into its timeout.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
-from core.config import knob
+from core.config import configclass, knob
 from core.contracts.run_summary import Accounting
 
 ZERO_SIGNAL_HINT = (
@@ -24,27 +23,24 @@ ZERO_SIGNAL_HINT = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class StarvationConfig:
     warn_s: float = knob(
-        60.0, "no record for this long while requests are out: log why, with counts", flag="starved_warn_s"
+        60.0, "no record for this long while requests are out: log why, with counts", flag="starved_warn_s", gt=0
     )
     stop_s: float = knob(
         240.0,
         "no record for this long while the pipeline drops every group it returns: stop the run (0: never)",
         flag="starved_stop_s",
+        ge=0,
     )
     min_dropped: int = knob(
-        32, "trajectories dropped within --starved_stop_s before that stop applies", flag="starved_min_dropped"
+        32, "trajectories dropped within --starved_stop_s before that stop applies", flag="starved_min_dropped", ge=1
     )
 
     def __post_init__(self):
-        if not self.warn_s > 0:
-            raise ValueError(f"--starved_warn_s must be > 0, got {self.warn_s}")
-        if self.stop_s < 0 or (self.stop_s and self.stop_s < self.warn_s):
+        if self.stop_s and self.stop_s < self.warn_s:
             raise ValueError(f"--starved_stop_s must be 0 (never) or >= --starved_warn_s, got {self.stop_s}")
-        if type(self.min_dropped) is not int or self.min_dropped < 1:
-            raise ValueError(f"--starved_min_dropped must be an int >= 1, got {self.min_dropped!r}")
 
 
 def describe(acc: Accounting, waited_s: float) -> str:

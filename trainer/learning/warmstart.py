@@ -28,7 +28,7 @@ from flax import nnx
 
 import environments
 from core import heap
-from core.config import derived, knob
+from core.config import configclass, derived, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.logprobs import token_logprobs_and_entropy
@@ -40,19 +40,22 @@ SCHEDULES = ("constant", "cosine")
 DIRECT_AT = ("first_turn", "any_turn")
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class WarmStartConfig:
-    steps: int = knob(0, "behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)")
-    batch_rows: int = knob(32, "oracle transcripts per warm-start step", flag="batch")
-    max_seq_len: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "one transcript per row, up to the trajectory length")
-    learning_rate: float = knob(3e-3, "the warm start's peak learning rate", flag="lr")
+    steps: int = knob(0, "behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)", ge=0)
+    batch_rows: int = knob(32, "oracle transcripts per warm-start step", flag="batch", ge=1)
+    max_seq_len: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "one transcript per row, up to the trajectory length", ge=1)
+    learning_rate: float = knob(3e-3, "the warm start's peak learning rate", flag="lr", gt=0)
     # Cosine copied sharper than a constant rate on the calculator (docs/BENCHMARKS.md).
     schedule: str = knob(
         "cosine", "cosine: linear warmup, then decay to 0 (sharper copying than a constant rate)", choices=SCHEDULES
     )
-    warmup_steps: int = knob(50, "linear warmup steps of the cosine schedule", flag="warmup")
+    warmup_steps: int = knob(50, "linear warmup steps of the cosine schedule", flag="warmup", ge=0)
     direct_frac: float = knob(
-        0.0, "share of demonstrations that answer directly instead of calling the tool (RL's decision to learn)"
+        0.0,
+        "share of demonstrations that answer directly instead of calling the tool (RL's decision to learn)",
+        ge=0,
+        le=1,
     )
     direct_at: str = knob(
         "first_turn",
@@ -66,26 +69,8 @@ class WarmStartConfig:
     )
     seed: int = derived(0, "the learner's --seed")
     tasks: int = knob(
-        1000, "oracle demonstrations drawn from this many generated train tasks (more tasks: less memorising)"
+        1000, "oracle demonstrations drawn from this many generated train tasks (more tasks: less memorising)", ge=1
     )
-
-    def __post_init__(self):
-        for name in ("steps", "warmup_steps"):
-            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
-                raise ValueError(f"warm start {name} must be an int >= 0, got {getattr(self, name)!r}")
-        for name in ("batch_rows", "max_seq_len"):
-            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
-                raise ValueError(f"warm start {name} must be a positive int, got {getattr(self, name)!r}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"warm start learning_rate must be > 0, got {self.learning_rate}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"warm start schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if not 0.0 <= self.direct_frac <= 1.0:
-            raise ValueError(f"warm start direct_frac must lie in [0, 1], got {self.direct_frac}")
-        if self.direct_at not in DIRECT_AT:
-            raise ValueError(f"warm start direct_at must be one of {DIRECT_AT}, got {self.direct_at!r}")
-        if self.steps and (type(self.tasks) is not int or self.tasks < 1):
-            raise ValueError(f"warmstart_tasks must be >= 1 with a warm start, got {self.tasks!r}")
 
 
 @dataclasses.dataclass
