@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 from core import config
@@ -21,7 +22,7 @@ from core.contracts.run_summary import RunSummary
 from core.contracts.store import StoreAccessError
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
 from trainer.config import VERTEX_ENV_DEFAULTS, LearnerJobConfig
-from trainer.learning import builder as B
+from trainer.learning import builder
 from trainer.learning.accounting import format_accounting
 from trainer.learning.lockstep import STOP, Lockstep
 from trainer.learning.memory import StepDoesNotFit
@@ -45,15 +46,15 @@ parse_args = parse_config  # what trainer.cloud.vertex checks a job's learner fl
 
 
 def run(cfg: LearnerJobConfig) -> RunSummary | None:
-    B.check_settings(cfg)  # the environment, before anything starts
-    mesh = B.make_mesh_from_flag(cfg.mesh)  # a mesh the devices cannot form: refused here
-    B.check_resources(cfg)  # wrong Pub/Sub names, a missing bucket: named now, not retried
-    tracer = B.make_tracer(cfg.trace_dir)
-    learner = B.make_learner(cfg, mesh)
-    tasks = B.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir, cfg.env_config)
-    checkpointer = B.make_checkpointer(cfg.checkpoint_dir, cfg.checkpoint_unverified)
+    builder.check_settings(cfg)  # the environment, before anything starts
+    mesh = builder.make_mesh_from_flag(cfg.mesh)  # a mesh the devices cannot form: refused here
+    builder.check_resources(cfg)  # wrong Pub/Sub names, a missing bucket: named now, not retried
+    tracer = builder.make_tracer(cfg.trace_dir)
+    learner = builder.make_learner(cfg, mesh)
+    tasks = builder.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir, cfg.env_config)
+    checkpointer = builder.make_checkpointer(cfg.checkpoint_dir, cfg.checkpoint_unverified)
     with tracer.span("warm start or restore", "learner"):
-        start = B.restore_or_initialise(
+        start = builder.restore_or_initialise(
             learner,
             checkpointer,
             cfg.warmstart,
@@ -63,88 +64,112 @@ def run(cfg: LearnerJobConfig) -> RunSummary | None:
             init_policy_unverified=cfg.init_policy_unverified,
             env_config=cfg.env_config,
         )
-    publisher = B.make_publisher(cfg, learner, checkpointer, start)
+    publisher = builder.make_publisher(cfg, learner, checkpointer, start)
     publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)
     stats = RunStats(peak_flops=cfg.peak_tflops * 1e12 if cfg.peak_tflops else None)
-    tel = B.make_telemetry(cfg.logdir, tracer, stats)  # a row per step, spans on the timeline
-    plane = B.make_data_plane(cfg, tasks, publisher, start, checkpointer, stats, tel)  # acks once checkpointed
+    tel = builder.make_telemetry(cfg.logdir, tracer, stats)  # a row per step, spans on the timeline
+    plane = builder.make_data_plane(cfg, tasks, publisher, start, checkpointer, stats, tel)  # acks once checkpointed
     lockstep = Lockstep()  # several processes: process 0's plane decides, the others follow it
     plane.start()
-    deadline = time.monotonic() + cfg.timeout_s
-    _Stop.graceful, _Stop.requested = True, None
-    try:
-        while True:
-            if time.monotonic() > deadline or plane.error:
-                reason = plane.error or f"timeout after {cfg.timeout_s}s"
-                if isinstance(reason, PermanentError):
-                    raise reason  # the feeder's topic is wrong or not ours: main names it
-                raise RuntimeError(f"learner stopped at step {learner.steps}: {reason}")
-            stop = learner.steps >= cfg.max_steps or _Stop.requested is not None
-            if (batch := lockstep.batch(stop, lambda: plane.next_batch(publisher.version))) is STOP:
-                break
-            if not batch:
-                continue
-            tel.data_ready()
-            looked_up = time.perf_counter_ns()
-            flops = learner.step_flops(batch)  # compiled once per shape, outside the timing
-            tel.compiled(looked_up)
-            t0 = time.monotonic()
-            with tel.span("train step", step=learner.steps + 1):
-                metrics = learner.train_step(batch)
-            step_s = time.monotonic() - t0
-            if not lockstep.primary:  # publishing is a collective: when process 0 says
-                _follow_publish(lockstep, publisher)
-                continue
-            plane.settle(batch, metrics, step_s, flops)
-            if lockstep.agree(plane.publish_due(learner.steps)):
-                with tel.span("publish", version=publisher.version + 1):
-                    publisher.publish()
-                with tel.span("checkpoint"):  # its records are acked once it is durable
-                    publisher.checkpoint(plane.feeder_position, plane.checkpoint_ids(publisher.version, learner.steps))
-                plane.published()
-            row = tel.on_step(learner.steps, publisher.version, stats, batch, metrics, step_s, plane)
-            log.info(
-                "step %d version %d loss %.4f reward %.3f duty %.2f (recent %.2f) staleness %.1f",
-                *(learner.steps, publisher.version, metrics["losses/policy_loss"], stats.mean_reward()),
-                *(row["perf/duty_cycle"], row["perf/duty_cycle_recent"], row["staleness/mean"]),
-            )
-    finally:
-        _Stop.graceful = False
-        plane.stop()
-        if checkpointer is not None:
-            checkpointer.close()  # waits for the last save
-        plane.close()  # acks what that save covers, nacks the rest back to the subscription
-        tel.close()
+    with GracefulStop() as stop:
+        try:
+            if lockstep.primary:
+                _lead(cfg, learner, publisher, plane, tel, stats, lockstep, stop)
+            else:
+                _follow(learner, publisher, lockstep)
+        finally:
+            plane.stop()
+            if checkpointer is not None:
+                checkpointer.close()  # waits for the last save
+            plane.close()  # acks what that save covers, nacks the rest back to the subscription
+            tel.close()
     if not lockstep.primary:
         return None  # process 0 accounts for the run
-    summary = plane.summary(learner, start, publisher, exit_code=_Stop.requested or 0)
-    if _Stop.requested:
-        log.warning("stopped by a signal at step %d (exit code %d)", learner.steps, _Stop.requested)
+    summary = plane.summary(learner, start, publisher, exit_code=stop.exit_code)
+    if stop.exit_code:
+        log.warning("stopped by a signal at step %d (exit code %d)", learner.steps, stop.exit_code)
     for line in format_accounting(summary.accounting):
         (log.info if summary.accounting.balanced else log.error)("trajectories: %s", line)
     return summary
 
 
-def _follow_publish(lockstep: Lockstep, publisher) -> None:
-    """A following process's part of a publish and checkpoint (gathers, Orbax's save)."""
-    if lockstep.agree(False):
-        publisher.publish()
-        publisher.checkpoint(0, {})  # process 0 writes the checkpoint's bookkeeping
+def _lead(cfg, learner, publisher, plane, tel, stats, lockstep: Lockstep, stop: GracefulStop) -> None:
+    """Process 0's loop (the whole learner, with one process): the next batch -> a train
+    step -> settle it -> every publish_every steps a version and its checkpoint -> a row."""
+    deadline = time.monotonic() + cfg.timeout_s
+    while True:
+        if time.monotonic() > deadline or plane.error:
+            reason = plane.error or f"timeout after {cfg.timeout_s}s"
+            if isinstance(reason, PermanentError):
+                raise reason  # the feeder's topic is wrong or not ours: main names it
+            raise RuntimeError(f"learner stopped at step {learner.steps}: {reason}")
+        done = learner.steps >= cfg.max_steps or stop.requested
+        if (batch := lockstep.batch(done, lambda: plane.next_batch(publisher.version))) is STOP:
+            return
+        if not batch:
+            continue
+        tel.data_ready()
+        looked_up = time.perf_counter_ns()
+        flops = learner.step_flops(batch)  # compiled once per shape, outside the timing
+        tel.compiled(looked_up)
+        t0 = time.monotonic()
+        with tel.span("train step", step=learner.steps + 1):
+            metrics = learner.train_step(batch)
+        step_s = time.monotonic() - t0
+        plane.settle(batch, metrics, step_s, flops)
+        if lockstep.agree(plane.publish_due(learner.steps)):
+            with tel.span("publish", version=publisher.version + 1):
+                publisher.publish()
+            with tel.span("checkpoint"):  # its records are acked once it is durable
+                publisher.checkpoint(plane.feeder_position, plane.checkpoint_ids(publisher.version, learner.steps))
+            plane.published()
+        row = tel.on_step(learner.steps, publisher.version, stats, batch, metrics, step_s, plane)
+        log.info(
+            "step %d version %d loss %.4f reward %.3f duty %.2f (recent %.2f) staleness %.1f",
+            *(learner.steps, publisher.version, metrics["losses/policy_loss"], stats.mean_reward()),
+            *(row["perf/duty_cycle"], row["perf/duty_cycle_recent"], row["staleness/mean"]),
+        )
 
 
-class _Stop:
-    """SIGTERM (a job timeout, a closed terminal). In the loop: the iteration finishes, so
-    every counter stays consistent, then the usual teardown and summary. Elsewhere (a warm
-    start, say): unwind at once."""
+def _follow(learner, publisher, lockstep: Lockstep) -> None:
+    """Another process of a multi-host learner: it trains what process 0 broadcasts and
+    joins its publishes and checkpoints (collectives), until process 0 says stop."""
+    while (batch := lockstep.batch(False, lambda: None)) is not STOP:
+        if not batch:
+            continue
+        learner.train_step(batch)
+        if lockstep.agree(False):
+            publisher.publish()
+            publisher.checkpoint(0, {})  # process 0 writes the checkpoint's bookkeeping
 
-    graceful = False
-    requested: int | None = None
+
+class GracefulStop:
+    """While active, SIGTERM (a job timeout, a closed terminal) asks the loop to stop: the
+    iteration finishes, so every counter stays consistent, then the usual teardown and
+    summary. Outside it (a warm start, say) main's handler unwinds at once."""
+
+    def __init__(self):
+        self._asked, self.exit_code = threading.Event(), 0
+
+    @property
+    def requested(self) -> bool:
+        return self._asked.is_set()
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.exit_code = 128 + signum
+        self._asked.set()
+
+    def __enter__(self) -> GracefulStop:
+        main_thread = threading.current_thread() is threading.main_thread()
+        self._previous = signal.signal(signal.SIGTERM, self._on_signal) if main_thread else None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _exit_on_signal(signum, _frame):
-    if _Stop.graceful:
-        _Stop.requested = 128 + signum
-        return
     raise SystemExit(128 + signum)
 
 

@@ -23,6 +23,7 @@ from core.policy.chat_format import chat_format_for
 from core.policy.model import abstract_tree
 from core.policy.sources import policy_spec
 from core.telemetry import scalars, trace
+from trainer.cloud.distributed import is_primary
 from trainer.config import LearnerJobConfig, parse_mesh
 from trainer.learning.batches import BatchBuffer
 from trainer.learning.capacity import Measurements, shortfall_warning
@@ -103,7 +104,7 @@ def load_prompts(env: str, task_seed: int, data_dir: str | None, env_config: dic
     there from the local generator on first use; nothing is downloaded), else generated;
     either way drawn as --env_config sets the environment up."""
     environments.load_entry_points()  # environments from installed plugin packages
-    if jax.process_index() != 0:
+    if not is_primary():
         return []  # only process 0 feeds (and builds the dataset: two builders would race)
     if not data_dir:
         return environments.make_tasks(env, task_seed, 1000, "train", env_config)
@@ -189,7 +190,7 @@ def make_publisher(cfg: LearnerJobConfig, learner: Learner, checkpointer, start:
         learner,
         checkpointer,
         version=start.version,
-        is_primary=jax.process_index() == 0,
+        is_primary=is_primary(),
         dtype=jnp.bfloat16 if cfg.publish_bf16 else None,
         keep_versions=cfg.keep_versions,
     )
@@ -232,7 +233,7 @@ def make_schedule(cfg: LearnerJobConfig, batches: BatchBuffer, credits: Trajecto
 def make_feeder(cfg: LearnerJobConfig, tasks, credits, staleness: StalenessControl, publisher, start: Start):
     """Requests stamped with the oldest version they may run on; None off the primary
     process (one feeder per job)."""
-    if jax.process_index() != 0:
+    if not is_primary():
         return None
     return Feeder(
         cfg.requests_topic,
@@ -303,7 +304,7 @@ def make_consumer(cfg: LearnerJobConfig, layout: RecordLayout, start: Start, che
 
 def make_data_plane(cfg: LearnerJobConfig, tasks, publisher, start: Start, checkpointer, stats, tel) -> DataPlane:
     """The consumer, feeder, credits, batch buffer, staleness control and schedule, as one."""
-    if jax.process_index() != 0:
+    if not is_primary():
         return FollowerPlane()  # one data plane per job, in process 0 (trainer/learning/lockstep.py)
     layout = cfg.record_layout
     staleness, credits = StalenessControl(cfg.staleness), make_credits(cfg.credits)
@@ -319,18 +320,14 @@ def make_data_plane(cfg: LearnerJobConfig, tasks, publisher, start: Start, check
     return DataPlane(layout, group, staleness, credits, consumer, batches, schedule, feeder, stats, tel, watch)
 
 
-def _primary() -> bool:
-    return jax.process_index() == 0  # one writer per run, as in Flax's examples
-
-
 def make_tracer(trace_dir: str | None):
     """The learner's timeline (off without --trace_dir, and on every process but the primary)."""
-    return trace.install(trace.make_tracer(trace_dir if _primary() else None, "learner"))
+    return trace.install(trace.make_tracer(trace_dir if is_primary() else None, "learner"))
 
 
 def make_telemetry(logdir: str | None, tracer, stats) -> LearnerTelemetry:
-    writer = scalars.make_writer(logdir if _primary() else None, "learner")
-    status = Path(logdir) / "learner" / "status.json" if logdir and _primary() else None
+    writer = scalars.make_writer(logdir if is_primary() else None, "learner")
+    status = Path(logdir) / "learner" / "status.json" if logdir and is_primary() else None
     if status is not None:
         status.parent.mkdir(parents=True, exist_ok=True)
     return LearnerTelemetry(writer, tracer, stats.started, status_path=status)

@@ -35,6 +35,7 @@ from etils import epath
 
 from core.contracts import manifest as mf
 from core.contracts.store_files import disable_gcsfs_listing_cache, files_for
+from trainer.cloud.distributed import is_primary
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,11 @@ class LearnerCheckpointer:
         is what the bucket holds). Only process 0 writes (the directory is shared); another
         process keeps a step pending until process 0's manifest for it exists, so its
         `durable_step()` cannot report a step durable that a restore would skip."""
-        import jax
 
         steps, self._unhashed = self._unhashed, []
         for step in steps:
             root = self._step_dir(step)
-            if jax.process_index() != 0:
+            if not is_primary():
                 # Process 0 may be writing the manifest now: look for it, not at the files.
                 if self._files.exists(f"{root}/{MANIFEST}"):
                     self._durable = max(step, self._durable or 0)

@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from core.contracts.records import ARRAY_SPECS
+from trainer.cloud.distributed import is_primary
 from trainer.learning.learner import BATCH_FIELDS
 
 STOP = "stop"  # the loop's end, decided by process 0 (max steps, a signal)
@@ -32,7 +33,7 @@ _STOP, _IDLE, _TRAIN = 0, 1, 2
 class Lockstep:
     def __init__(self):
         self.multi = jax.process_count() > 1
-        self.primary = jax.process_index() == 0
+        self.primary = is_primary()
 
     def _broadcast(self, tree):
         return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(tree, is_source=self.primary))

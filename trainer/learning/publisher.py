@@ -9,6 +9,7 @@ from jax.experimental import multihost_utils
 from core.contracts.store import PolicyStore
 from core.policy.lora import adapter_metadata
 from core.policy.sources import BYTE, policy_metadata
+from trainer.cloud.distributed import is_primary as primary_process
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.learner import Learner
 
@@ -49,7 +50,7 @@ class PolicyPublisher:
         self.store, self.learner, self.checkpointer = store, learner, checkpointer
         self.version = version  # the newest published version (-1: none yet)
         # One writer per run: process 0 of a multi-host learner (None: ask JAX).
-        self.is_primary = jax.process_index() == 0 if is_primary is None else is_primary
+        self.is_primary = primary_process() if is_primary is None else is_primary
         self.dtype, self.keep_versions = dtype, keep_versions
         self.published: list[int] = []
 
