@@ -51,10 +51,11 @@ def qwen2(tmp_path_factory):
 
 def test_an_adapter_version_is_merged_into_the_base_read_once(tmp_path, qwen2):
     cfg, model = load_checkpoint(qwen2)
-    learner = Learner(cfg, LearnerConfig(batch_records=1, lora=LoraConfig(rank=4)), model=model)
+    learner = Learner(
+        cfg, LearnerConfig(batch_records=1, lora=LoraConfig(rank=4)), model=model, tokenizer_source=str(qwen2)
+    )
     rng = np.random.default_rng(0)  # a trained-looking adapter: B away from its zero init
     learner.params = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype), learner.params)
-    learner.tokenizer_source = str(qwen2)
     store = PolicyStore(str(tmp_path / "store"))
     PolicyPublisher(store, learner, None, version=-1).publish()
     reads = []

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
 import environments
 from core.contracts import pubsub_io
@@ -81,9 +79,15 @@ def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
     # Every segment of every record is at most the layout's trajectory length (the consumer
     # refuses longer ones): the learner's attention only needs that band of each row.
     learner = Learner(
-        spec.cfg, cfg.learner, mesh, model=model, span=cfg.record_layout.trajectory_len, total_steps=cfg.max_steps
+        spec.cfg,
+        cfg.learner,
+        mesh,
+        model=model,
+        span=cfg.record_layout.trajectory_len,
+        total_steps=cfg.max_steps,
+        tokenizer=spec.tokenizer,
+        tokenizer_source=spec.tokenizer_source,
     )
-    learner.tokenizer, learner.tokenizer_source = spec.tokenizer, spec.tokenizer_source
     # The one compile the run's record shape needs, now: a step that cannot fit in memory is
     # refused with the numbers before the warm start (trainer/learning/memory.py).
     shape = cfg.record_layout.largest
@@ -137,41 +141,33 @@ def restore_or_initialise(
     restored = checkpointer.restore_latest(abstract_tree(learner_state_of(learner))) if checkpointer else None
     if restored:
         step, state, meta = restored
-        learner.params, learner.opt_state, learner.steps = state["params"], state["opt_state"], step
-        if "ref_params" in state:
-            learner.ref_params = state["ref_params"]
+        learner.restore(step, state)
         return Start(meta["learner_version"], step, meta["feeder_position"], consumed_ids_of(meta))
     t0 = time.monotonic()
     if init_policy:
         found = PolicyStore(init_policy, allow_unverified=init_policy_unverified).load_latest(learner.params_dict())
         if found is None:
             raise ValueError(f"--init_policy {init_policy} holds no complete policy version")
-        nnx.replace_by_pure_dict(learner.params, found[1])  # the store holds plain dicts
-        # Uncommitted device arrays, as the initial params were: Orbax's restored arrays
-        # (committed to a device) would make the first step compile for them and the
-        # second compile again for its own outputs.
-        if learner.mesh is None:
-            learner.params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), learner.params)
-        else:
-            learner.params = jax.device_put(learner.params, learner._shardings)
+        learner.load_params(found[1])  # the store holds plain dicts
         log.info("initial params: version %d of %s (no warm start)", found[0], init_policy)
     elif warmstart.steps:
         demos = environments.make_tasks(env, task_seed + 1, warmstart.tasks, "train", env_config)
         fmt = chat_format_for(learner.tokenizer)  # demonstrations in the model's own format
-        learner.drop_optimizer()  # the warm start has its own: one Adam state in memory, not two
-        learner.params, losses = warm_start(
-            learner.graphdef,
-            learner.params,
-            env,
-            demos,
-            warmstart,
-            fmt,
-            learner.frozen,
-            env_config,
-            compute=learner.cfg.compute,
+        # The warm start has its own optimizer: one Adam state in memory, not two.
+        losses = learner.train_params_with(
+            lambda params: warm_start(
+                learner.graphdef,
+                params,
+                env,
+                demos,
+                warmstart,
+                fmt,
+                learner.frozen,
+                env_config,
+                compute=learner.cfg.compute,
+            )
         )
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
-        learner.init_optimizer()
     if learner.cfg.loss.kl_coef > 0:
         learner.set_reference(learner.params)
     return Start(warmstart_s=round(time.monotonic() - t0, 2))

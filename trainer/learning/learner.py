@@ -23,6 +23,8 @@ from core.policy.config import ModelConfig
 from core.policy.logprobs import token_logprobs_and_entropy
 from core.policy.lora import LoraConfig, add_lora, merge, split_lora
 from core.policy.model import Transformer, init_model, split_params
+from core.policy.sources import BYTE
+from core.policy.tokenizer import BYTE_TOKENIZER
 from trainer.learning import gradients, losses, memory, sharding
 from trainer.learning.gradients import ComputeConfig
 
@@ -156,13 +158,18 @@ class Learner:
         model: Transformer | None = None,
         span: int | None = None,
         total_steps: int | None = None,
+        tokenizer=BYTE_TOKENIZER,
+        tokenizer_source: str = BYTE,
     ):
         """model: the initial Transformer (e.g. a Hugging Face checkpoint's; with LoRA its
         Linears are wrapped in place); None: init_model(model_cfg, cfg.seed).
+        tokenizer, tokenizer_source: the model's (the warm start writes demonstrations with
+        it; each published version names where it came from).
         span: the layout's longest trajectory. Given, rows longer than it are scored with
         banded attention (exact only while no segment is longer: train_step refuses one).
         total_steps: the run's steps, over which cfg.lr_decay decays the learning rate."""
         self.model_cfg, self.cfg, self.mesh, self.span = model_cfg, cfg, mesh, span
+        self.tokenizer, self.tokenizer_source = tokenizer, tokenizer_source
         if model is None:
             model = init_model(model_cfg, cfg.seed)
         elif model.cfg != model_cfg:
@@ -200,11 +207,14 @@ class Learner:
         self._flops: dict[tuple, float] = {}
         self.memory: dict[tuple, memory.StepMemory] = {}
 
-    def drop_optimizer(self) -> None:
-        """Frees the optimizer state (Adam's moments: twice the trainable params) while
-        something else trains the params, e.g. the warm start with its own optimizer;
-        init_optimizer() makes it again, fresh, for the params as they are then."""
+    def train_params_with(self, train):
+        """`train(params) -> (params, result)` trains the params with something else (the
+        warm start, with its own optimizer). Adam's moments (twice the trainable params)
+        are freed meanwhile, and made fresh for the params it returns. Returns `result`."""
         self.opt_state = None
+        self.params, result = train(self.params)
+        self.init_optimizer()
+        return result
 
     def init_optimizer(self) -> None:
         """A fresh optimizer state for the current params, in the layout the step was compiled for."""
@@ -291,6 +301,23 @@ class Learner:
         if self._batch_sharding is not None:
             batch = jax.device_put(batch, self._batch_sharding)
         return jax.jit(fn)(self.params, self._reference(), batch, self.frozen)
+
+    def restore(self, step: int, state: dict) -> None:
+        """A checkpoint's params, optimizer state and reference (learner_state_of's keys),
+        as of `step`."""
+        self.params, self.opt_state, self.steps = state["params"], state["opt_state"], step
+        if "ref_params" in state:
+            self.ref_params = state["ref_params"]
+
+    def load_params(self, params: dict) -> None:
+        """Params from a plain nested dict (a policy store's version), laid out as the
+        initial ones: uncommitted arrays without a mesh (Orbax's committed ones would make
+        the first step compile for them and the second again for its own outputs)."""
+        nnx.replace_by_pure_dict(self.params, params)
+        if self.mesh is None:
+            self.params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), self.params)
+        else:
+            self.params = jax.device_put(self.params, self._shardings)
 
     def set_reference(self, params) -> None:
         """The KL reference policy, loaded once at start (a copy: the step donates params).

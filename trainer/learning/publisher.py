@@ -8,7 +8,7 @@ from jax.experimental import multihost_utils
 
 from core.contracts.store import PolicyStore
 from core.policy.lora import adapter_metadata
-from core.policy.sources import BYTE, policy_metadata
+from core.policy.sources import policy_metadata
 from trainer.cloud.distributed import is_primary as primary_process
 from trainer.learning.checkpoint import LearnerCheckpointer
 from trainer.learning.learner import Learner
@@ -71,9 +71,7 @@ class PolicyPublisher:
         self.version += 1
         params = host_params(self.learner)
         if self.is_primary:
-            metadata = policy_metadata(
-                self.learner.model_cfg, getattr(self.learner, "tokenizer_source", BYTE), **self._extra_metadata()
-            )
+            metadata = policy_metadata(self.learner.model_cfg, self.learner.tokenizer_source, **self._extra_metadata())
             self.store.publish(self.version, params, metadata, dtype=self.dtype)
             self.store.gc(self.keep_versions)
         self.published.append(self.version)
