@@ -55,6 +55,12 @@ class EvaluatorConfig:
     task_seed: int = knob(0, "seed of the held-out tasks")
     data_dir: str | None = knob(None, "read the test split from the environment's TFDS dataset")
     modes: str = knob(",".join(MODES), f"comma-separated, from {MODES}")
+    greedy_at: str = knob(
+        "every",
+        "which versions the greedy mode scores: every one evaluated, or only the first and the final "
+        "(--stop_file's), which spares a slow model's run half of its evaluation",
+        choices=("every", "ends"),
+    )
     model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
     model: str | None = knob(None, MODEL_HELP)
     max_tokens: int = knob(DEFAULT_MAX_TRAJECTORY_LEN, "episode length cap (the layout's max_trajectory_len)", ge=1)
@@ -132,6 +138,7 @@ def _run(args, writer, tracer) -> list[dict]:
     store, fmt = PolicyStore(args.policy_root), chat_format_for(spec.tokenizer)
     loader = VersionLoader(store, spec.cfg, sampler.abstract_params, base_params(spec.checkpoint))
     out, rows, done, skipped = Path(args.out), [], -1, 0
+    scored: dict[int, set[str]] = {}  # version -> the modes it has a row for
     out.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.timeout_s
     while time.monotonic() < deadline:
@@ -141,13 +148,18 @@ def _run(args, writer, tracer) -> list[dict]:
         except StoreError as e:
             log.warning("store unreadable, retrying: %s", e)
             versions = []
-        if not versions:
-            if final is not None and done >= final:
+        if versions:
+            version = versions[-1]  # the newest: a curve with gaps beats a queue that falls behind
+            skipped += len(versions) - 1
+            todo = _modes_for(modes, args.greedy_at, version, first=done < 0, final=final)
+        elif final is not None and done >= final:
+            # The final version may have been scored before it was known to be the final one.
+            version, todo = final, [m for m in modes if m not in scored.get(final, set())]
+            if not todo:
                 return rows
+        else:
             time.sleep(args.poll_s)
             continue
-        version = versions[-1]  # the newest: a curve with gaps beats a queue that falls behind
-        skipped += len(versions) - 1
         try:
             with tracer.span("load policy", "evaluator", version=version):
                 params, meta = loader.load(version)
@@ -155,7 +167,7 @@ def _run(args, writer, tracer) -> list[dict]:
             log.warning("cannot load version %d: %s", version, e)
             time.sleep(args.poll_s)
             continue
-        for mode in modes:
+        for mode in todo:
             row = {
                 "version": version,
                 "step": meta.get("metadata", {}).get("step"),
@@ -169,6 +181,7 @@ def _run(args, writer, tracer) -> list[dict]:
                 row.update(evaluate(params, sampler, args.env, tasks, limits, args.env_config, fmt))
                 span.args["success"] = row["success"]
             rows.append(row)
+            scored.setdefault(version, set()).add(mode)
             # Step: the learner step that published the version, so eval/ lines up with losses/.
             writer.write(row["step"] if row["step"] is not None else version, eval_scalars(row))
             with out.open("a") as f:
@@ -178,8 +191,14 @@ def _run(args, writer, tracer) -> list[dict]:
                 *(version, mode, row["success"], row["n"], row["eval_s"]),
                 ", ".join(f"{k} {v}" for k, v in sorted(row["outcomes"].items())),
             )
-        done = version
+        done = max(done, version)
     raise SystemExit(f"evaluator timed out after {args.timeout_s}s at version {done}")
+
+
+def _modes_for(modes: list[str], greedy_at: str, version: int, first: bool, final: int | None) -> list[str]:
+    if greedy_at == "every" or first or version == final:
+        return modes
+    return [m for m in modes if m != "greedy"]
 
 
 def eval_scalars(row: dict) -> dict:

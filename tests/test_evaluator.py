@@ -92,3 +92,51 @@ def test_evaluation_never_reaches_the_records_topic(pubsub_emulator, unique_name
         subscriber.close()
     log = (tmp_path / "evaluator.log").read_text()
     assert "eval v0 sampled" in log and "eval v0 greedy" in log
+
+
+def _wait_for_rows(path, n: int, thread, timeout_s: float = 120.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and thread.is_alive():
+        rows = read_rows(path) if path.exists() else []
+        if len(rows) >= n:
+            return rows
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {n} rows: {read_rows(path) if path.exists() else []}")
+
+
+@pytest.mark.timeout(300)
+def test_greedy_at_the_ends_scores_greedy_for_the_first_and_the_final_version_only(tmp_path):
+    """A slow model's run spends half its evaluation on greedy: with --greedy_at=ends only
+    v0 and the final version get it, even a final version scored before it was known final."""
+    import threading
+
+    from core import config
+    from rollout import evaluator
+
+    store, out, stop = PolicyStore(tmp_path / "store"), tmp_path / "eval.jsonl", tmp_path / "final"
+    cfg = config.build(
+        evaluator.EvaluatorConfig,
+        policy_root=str(tmp_path / "store"),
+        out=str(out),
+        n=4,
+        slots=4,
+        stop_file=str(stop),
+        greedy_at="ends",
+        poll_s=0.05,
+        timeout_s=240,
+    )
+    publish(store, 0, seed=0)
+    thread = threading.Thread(target=evaluator.run, args=(cfg,), daemon=True)
+    thread.start()
+    _wait_for_rows(out, 2, thread)  # v0, both modes
+    publish(store, 1, seed=1)
+    _wait_for_rows(out, 3, thread)  # v1: sampled only, not known to be final
+    stop.write_text("1")  # the learner is done: v1 was the final version after all
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert [(r["version"], r["mode"]) for r in read_rows(out)] == [
+        (0, "sampled"),
+        (0, "greedy"),
+        (1, "sampled"),
+        (1, "greedy"),
+    ]

@@ -47,7 +47,7 @@ COMMON: tuple[str, ...] = (
     "--learner.warmstart_warmup=4",
     "--batch_records=2",
     "--publish_every=1",
-    "--max_steps=12",
+    "--max_steps=10",
     "--learner.learning_rate=5e-5",
     "--learner.lr_warmup_steps=0",
     "--learner.lr_decay=0.0",
@@ -59,6 +59,7 @@ COMMON: tuple[str, ...] = (
     "--eval_episode_timeout_s=900",
     "--max_wait_s=30",
     "--eval_nice=10",
+    "--eval_greedy_at=ends",
 )
 
 # What an environment's checkpoint recipe changes on top of COMMON.
