@@ -84,8 +84,8 @@ def test_sdk_job_builds_offline_with_anonymous_credentials():
         (dict(region="us_central1"), "region"),
         (dict(region="us-central1-a"), "region"),  # a zone
         (dict(region="US-CENTRAL1"), "region"),
-        (dict(image_uri=""), "image_uri"),
-        (dict(image_uri=None), "image_uri"),
+        (dict(image_uri=""), "image must be"),  # its flag: --image
+        (dict(image_uri=None), "image must be set"),
         (dict(base_output_dir="/tmp/out"), "base_output_dir"),
         (dict(base_output_dir="s3://bucket/out"), "base_output_dir"),
         (dict(replica_count=0), "replica_count"),

@@ -66,8 +66,8 @@ def test_direct_frac_sets_the_share_of_direct_demonstrations():
     "bad, field",
     [
         (dict(steps=-1), "steps"),
-        (dict(batch_rows=0), "batch_rows"),
-        (dict(learning_rate=0.0), "learning_rate"),
+        (dict(batch_rows=0), "batch"),  # its flag: --warmstart_batch
+        (dict(learning_rate=0.0), "lr"),  # --warmstart_lr
         (dict(schedule="linear"), "schedule"),
         (dict(direct_frac=1.5), "direct_frac"),
         (dict(direct_at="middle"), "direct_at"),
