@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean system-deps real-model
+.PHONY: demo test test-fast test-slow lint bench clean system-deps real-model
 
 $(STAMP): setup.py pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,13 +37,22 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Everything but the slow tier.
+# Everything but the slow tier: the unit tier on two pytest workers, then the e2e tier on
+# one (its tests start processes that use both cores themselves). Both run whatever the
+# first finds; exit status 5 is "no test selected" (ARGS chose one tier only).
+UNIT := -m 'not e2e and not slow' -n 2
 test: $(STAMP) system-deps lint
-	$(PY) -m pytest -q $(ARGS) tests
+	$(PY) -m pytest -q $(UNIT) $(ARGS) tests; u=$$?; \
+	$(PY) -m pytest -q -m 'e2e and not slow' $(ARGS) tests; e=$$?; \
+	[ $$u -eq 5 ] && u=0; [ $$e -eq 5 ] && e=0; exit $$(( u || e ))
 
 # The unit tier: no entry point or emulator in another process (e2e), nothing slow.
 test-fast: $(STAMP) system-deps lint
-	$(PY) -m pytest -q -m 'not e2e and not slow' $(ARGS) tests
+	$(PY) -m pytest -q $(UNIT) $(ARGS) tests
+
+# The slow tier (not in CI): minutes-long runs of the main job, one at a time.
+test-slow: $(STAMP) system-deps
+	$(PY) -m pytest -q -m slow $(ARGS) tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

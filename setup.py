@@ -44,6 +44,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",  # make test-fast and the unit tier of make test: two workers
             "hypothesis>=6.100",
             "psutil>=5.9",
             "gcp-storage-emulator>=2026.7.19",

@@ -15,7 +15,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("localstack.launch.demo", "the main job on the embedded local stack (emulator, rollouts, learner)"),
     "learner": ("trainer.task", "the JAX learner (a local process or a Vertex AI custom job)"),
-    "rollout": ("pipelines.rollout", "the streaming Beam rollout job (DirectRunner locally, Dataflow)"),
+    "rollout": ("pipelines.job", "the streaming Beam rollout job (DirectRunner locally, Dataflow)"),
     "evaluate": ("rollout.evaluator", "held-out success of each published policy version"),
     "plan": ("localstack.launch.plan", "a capacity plan: credits, staleness bound and engine slots"),
     "report": ("localstack.reports.report", "the report of a finished run (report.md, plots, timeline)"),

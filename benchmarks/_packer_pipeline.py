@@ -12,7 +12,7 @@ Trajectories of those lengths and goes through the real `PackTrajectoryGroups`
 encoded records, with two extra attributes: `flush_reason` and `packer_latency_ms`
 (the packer's own emit time minus the oldest finished_at in the record).
 
-Heartbeats (the same keep-alive `pipelines.rollout` uses on the direct runners) keep
+Heartbeats (the same keep-alive `pipelines.job` uses on the direct runners) keep
 the runner's Pub/Sub pull short so processing-time timers fire on time.
 """
 
@@ -82,7 +82,7 @@ def main(argv=None) -> None:
         window_s=args.window_s,
     )
     if args.heartbeat_s > 0:
-        from pipelines.rollout import start_heartbeat
+        from pipelines.job import start_heartbeat
 
         start_heartbeat(args.input_subscription, args.heartbeat_s)
     with beam.Pipeline(options=options) as p:

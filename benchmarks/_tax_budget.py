@@ -91,7 +91,7 @@ def _emulator_cpu(job: psutil.Process) -> float:
 
 
 class BudgetProbe(threading.Thread):
-    """Start before the job; it finds the job's process (`pipelines.rollout` in the command
+    """Start before the job; it finds the job's process (`pipelines.job` in the command
     line), waits `delay_s`, then measures for `window_s`."""
 
     def __init__(self, delay_s: float, window_s: float, cores: set[int]):
@@ -113,7 +113,7 @@ class BudgetProbe(threading.Thread):
         return None
 
     def run(self) -> None:
-        job = self._find("pipelines.rollout")
+        job = self._find("pipelines.job")
         if job is None:
             return
         time.sleep(self.delay_s)

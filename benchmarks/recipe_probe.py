@@ -31,7 +31,7 @@ from core.policy.sampling import Sampler
 from core.policy.sources import BYTE, policy_metadata
 from core.policy.tokenizer import BYTE_TOKENIZER, load_tokenizer
 from rollout.episodes import EpisodeLimits
-from rollout.evaluation import evaluate
+from rollout.scoring import evaluate
 from trainer.learning.warmstart import WarmStartConfig, warm_start
 
 

@@ -79,7 +79,7 @@ def role_of(proc: psutil.Process, demo_pid: int) -> str:
     line = " ".join(cmd)
     for module, role in (
         ("trainer.task", "learner"),
-        ("pipelines.rollout", "rollout"),
+        ("pipelines.job", "rollout"),
         ("rollout.evaluator", "evaluator"),
         ("localstack.launch.plan", "planner"),
         ("localstack.launch.watchdog", "watchdog"),

@@ -17,6 +17,7 @@ UID_BASE, UID_SPAN = 1_900_000_000, 1_000_000  # far above any real account
 
 _uid_lock = threading.Lock()
 _uid_next = random.SystemRandom().randrange(UID_SPAN)  # random start: fewer cross-process clashes
+_uid_first = _uid_next
 
 
 def alloc_uid() -> int:
@@ -24,6 +25,13 @@ def alloc_uid() -> int:
     with _uid_lock:
         _uid_next += 1
         return UID_BASE + _uid_next % UID_SPAN
+
+
+def uids_handed_out() -> set[int]:
+    """The throwaway uids this process has handed out: its sandboxes' processes run as
+    these (another process's sandboxes, e.g. a second rollout worker's, run as others)."""
+    with _uid_lock:
+        return {UID_BASE + k % UID_SPAN for k in range(_uid_first + 1, _uid_next + 1)}
 
 
 def kill(proc, group: bool) -> None:

@@ -38,7 +38,7 @@ from core.policy.sources import MODEL_HELP, policy_spec
 from core.policy.versions import VersionLoader, base_params
 from core.telemetry import scalars, trace
 from rollout.episodes import EpisodeLimits
-from rollout.evaluation import MODES, evaluate
+from rollout.scoring import MODES, evaluate
 
 log = logging.getLogger("evaluator")
 

@@ -1,7 +1,7 @@
 """The machinery behind the config-refusal tables (tests/test_config_refusals_*.py, one file a role).
 
 Each row is passed the way a user passes it (the process's own argument parser and the
-entry function it runs at start: `trainer.task.run`, `pipelines.rollout.run`,
+entry function it runs at start: `trainer.task.run`, `pipelines.job.run`,
 `rollout.evaluator.run`, `localstack.launch.demo.run_local`, `trainer.cloud.vertex.main`;
 `environments.make` for --env_config, as every rollout worker and the evaluator call it),
 with whatever would start something (a model, a warm start, a policy publish, the feeder,
@@ -35,14 +35,14 @@ import pytest
 import environments
 from core.telemetry import trace
 from localstack.launch import demo, processes
-from pipelines import rollout
+from pipelines import job
 from pipelines.options import rollout_config
 from rollout import evaluator
 from trainer import task
 from trainer.cloud import vertex
 from trainer.learning import builder
 
-LEARNER, ROLLOUT, EVALUATOR = "trainer.task", "pipelines.rollout", "rollout.evaluator"
+LEARNER, ROLLOUT, EVALUATOR = "trainer.task", "pipelines.job", "rollout.evaluator"
 DEMO, VERTEX, ENVIRONMENT = "localstack.launch.demo", "trainer.cloud.vertex", "environments.make"
 # The order of the processes in docs/CONFIG_REFUSALS.md.
 PROCESSES = (LEARNER, ROLLOUT, EVALUATOR, DEMO, VERTEX, ENVIRONMENT)
@@ -161,7 +161,7 @@ def _learner(argv, events):
 
 
 def _rollout(argv, events):
-    """pipelines.rollout.run on its default (direct) runner, up to running the pipeline.
+    """pipelines.job.run on its default (direct) runner, up to running the pipeline.
 
     build() is stood in for by the config check it makes (the real build takes ~1 s a
     row; test_rollout_build_checks_like_the_stand_in runs it once)."""
@@ -187,11 +187,11 @@ def _rollout(argv, events):
 
     with contextlib.ExitStack() as stack:
         # Process-wide patches of Beam: not here.
-        stack.enter_context(mock.patch.object(rollout.direct_runner, "apply", lambda **_: False))
-        stack.enter_context(mock.patch.object(rollout, "start_heartbeat", heartbeat))
-        stack.enter_context(mock.patch.object(rollout, "build", build))
-        stack.enter_context(mock.patch.object(rollout.beam, "Pipeline", NoPipeline))
-        rollout.run(argv)
+        stack.enter_context(mock.patch.object(job.direct_runner, "apply", lambda **_: False))
+        stack.enter_context(mock.patch.object(job, "start_heartbeat", heartbeat))
+        stack.enter_context(mock.patch.object(job, "build", build))
+        stack.enter_context(mock.patch.object(job.beam, "Pipeline", NoPipeline))
+        job.run(argv)
 
 
 def _evaluator(argv, events):

@@ -1,4 +1,4 @@
-"""A running rollout job (`python -m pipelines.rollout`, a real streaming job on the
+"""A running rollout job (`python -m pipelines.job`, a real streaming job on the
 emulator) for the fault tests (tests/test_rollout_faults_*.py): what happened is read
 afterwards from the job's outputs only: records on the records topic, dead letters, and
 the rollout telemetry rows under --logdir.

@@ -1,4 +1,4 @@
-"""Settings the rollout side refuses at start-up: the rollout job (`python -m pipelines.rollout`)
+"""Settings the rollout side refuses at start-up: the rollout job (`python -m pipelines.job`)
 and the environments' --env_config, as every rollout worker (and the evaluator) makes them.
 Each row is checked by tests/_refusals.py; docs/CONFIG_REFUSALS.md is generated from these tables."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines import rollout
+from pipelines import job
 from tests._refusals import CHOICE, ROLLOUT, ROLLOUT_BASE, Row, checks, env_row, outcome, row
 
 R = ROLLOUT
 
 TABLE: list[Row] = [
-    # ---- the rollout job: python -m pipelines.rollout -------------------------------
+    # ---- the rollout job: python -m pipelines.job -------------------------------
     row(R, "--records_topic", (), "missing", "packed records would go nowhere",
         "--records_topic", "missing required flags: --records_topic", unset=("--records_topic",)),
     row(R, "--policy_root", (), "missing", "no policy to roll out", "--policy_root",
@@ -138,8 +138,8 @@ def test_rollout_build_checks_like_the_stand_in():
     from apache_beam.options.pipeline_options import PipelineOptions
 
     options = PipelineOptions([*ROLLOUT_BASE, "--num_shards=0"])
-    pipeline = rollout.beam.Pipeline(options=options)  # never run: not entered as a context
+    pipeline = job.beam.Pipeline(options=options)  # never run: not entered as a context
     with pytest.raises(ValueError, match=r"^num_shards must be >= 1"):
-        rollout.build(pipeline, options)
+        job.build(pipeline, options)
     stand_in = next(r for r in TABLE if r.process == ROLLOUT and r.argv == ("--num_shards=0",))
     assert outcome(stand_in).message.startswith("num_shards must be >= 1")

@@ -119,7 +119,7 @@ def test_setup_file_is_carried_and_staged(job):
     assert "workflow.tar.gz" in staged
     with tarfile.open(staged["workflow.tar.gz"]) as sdist:
         names = sdist.getnames()
-    for module in ("pipelines/rollout.py", "pipelines/pack_transform.py", "core/contracts/records.py", "setup.py"):
+    for module in ("pipelines/job.py", "pipelines/pack_transform.py", "core/contracts/records.py", "setup.py"):
         assert any(n.endswith(module) for n in names), module
 
 
@@ -187,7 +187,7 @@ def test_the_vertex_spelling_is_forwarded_and_a_conflict_refused():
 
 
 # The real CLI, with every TCP/UDP connection and DNS lookup refused (an audit hook).
-_NO_NETWORK = no_network.script("pipelines.rollout")
+_NO_NETWORK = no_network.script("pipelines.job")
 
 
 def test_the_cli_dry_run_prints_what_it_built_and_leaves_no_staging():

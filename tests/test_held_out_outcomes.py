@@ -8,7 +8,7 @@ import pytest
 
 import environments
 from environments import code, datasets, guess
-from rollout.evaluation import FAILURES, failure_class, summarize
+from rollout.scoring import FAILURES, failure_class, summarize
 
 
 @dataclasses.dataclass

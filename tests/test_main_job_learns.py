@@ -1,4 +1,4 @@
-"""The main job learns (slow, not in CI: `make test ARGS="-m slow"`): `make demo` with
+"""The main job learns (slow, not in CI: `make test-slow`): `make demo` with
 its defaults takes held-out success from at most 50 % to at least 90 %, in at most
 10 minutes of wall time including the warm start."""
 

@@ -7,7 +7,7 @@ import re
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import rollout
+from pipelines import job
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
 OWN_COMPOSITES = ("RunEpisodes", "Pack")  # their inner steps are ours; other composites are Beam's
@@ -24,7 +24,7 @@ def graph_labels() -> set[str]:
     ]
     options = PipelineOptions(flags)
     p = beam.Pipeline(options=options)
-    rollout.build(p, options)
+    job.build(p, options)
     labels = set()
 
     class Visitor(beam.pipeline.PipelineVisitor):
@@ -42,7 +42,7 @@ def graph_labels() -> set[str]:
 
 def diagram_names() -> set[str]:
     text = DOC.read_text()
-    start = text.index("The rollout graph (`pipelines/rollout.py`")
+    start = text.index("The rollout graph (`pipelines/job.py`")
     block = text[text.index("```\n", start) + 4 :]
     block = block[: block.index("```")]
     block = re.sub(r"\([^)]*\)", "", block)  # "(AsyncWrapper)", "(Pub/Sub)": notes, not steps

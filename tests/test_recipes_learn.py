@@ -1,4 +1,4 @@
-"""Every recipe learns (slow, not in CI: `make test ARGS="-m slow"`): `make demo ARGS="--env
+"""Every recipe learns (slow, not in CI: `make test-slow`): `make demo ARGS="--env
 ENV"` with the recipe's defaults takes held-out success (sampled, the environment's own
 criterion) from at most 0.6 at v0 to at least v0 + 0.20 at its last version, in at most
 15 minutes of wall time including the warm start (docs/RESULTS.md, "Every recipe")."""

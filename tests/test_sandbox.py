@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from environments import sandbox as S
+from environments._sandbox_procs import uids_handed_out
 from environments.sandbox import SandboxLimits, run_python, run_python_async
 
 pytestmark = pytest.mark.skipif(S.BWRAP_PATH is None, reason="bubblewrap is not installed")
@@ -51,9 +52,9 @@ def _sandbox_process(p) -> bool:
 def strays() -> list:
     me = psutil.Process()
     kids = [p for p in me.children(recursive=True) if _alive(p) and _sandbox_process(p)]
-    sandboxed = [
-        p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real >= S._UID_BASE and _alive(p)
-    ]
+    mine = uids_handed_out()  # not another test process's sandboxes (pytest -n 2)
+    uid = lambda p: p.info["uids"] and p.info["uids"].real
+    sandboxed = [p for p in psutil.process_iter(["uids"]) if uid(p) in mine and _alive(p)]
     return kids + sandboxed
 
 

@@ -19,7 +19,7 @@ def learner_command(cfg) -> list[str]:
 def rollout_command(cfg, project: str, beam_flags: tuple[str, ...] = LOCAL_RUNNER) -> list[str]:
     """The streaming rollout job with this RolloutJobConfig; Beam's own flags (the runner,
     the project) are Beam's, not the config's."""
-    return [sys.executable, "-m", "pipelines.rollout", *beam_flags, f"--project={project}", *config.to_argv(cfg)]
+    return [sys.executable, "-m", "pipelines.job", *beam_flags, f"--project={project}", *config.to_argv(cfg)]
 
 
 def evaluator_command(cfg) -> list[str]:

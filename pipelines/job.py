@@ -4,7 +4,7 @@
         --requests_subscription=projects/P/subscriptions/S --records_topic=projects/P/topics/T \\
         --policy_root=/path/to/store
 
-(`python -m pipelines.rollout` is the same.) Its flags are RolloutJobConfig's
+(`python -m pipelines.job` is the same.) Its flags are RolloutJobConfig's
 (pipelines/config.py) beside Beam's own (--runner, --project, --streaming). The identity
 the Dataflow workers run as is Beam's `--service_account_email`; `--service_account` (the
 Vertex launcher's spelling) is the same flag. With `--runner=DataflowRunner --dry_run=True`
