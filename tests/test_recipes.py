@@ -102,3 +102,13 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
 
 
 RECIPES_ENV_CONFIG_GUESS = {"high": 31, "max_turns": 5, "reply_window": True}
+
+
+def test_the_evaluator_reads_the_learners_dataset_with_the_learners_seed(tmp_path):
+    """They share the run's dataset directory, whose one seed builds both splits: an evaluator
+    on another seed refused the directory at start (a real-model run lost its evaluation)."""
+    cfg = parse_args(["--learner.task_seed=3"])
+    evaluator = demo.evaluator_config(cfg, tmp_path, tmp_path / "store")
+    assert evaluator.task_seed == 3 and evaluator.data_dir == str(tmp_path / "datasets")
+    with pytest.raises(SystemExit):  # not a flag of the demo: it follows the learner's
+        parse_args(["--eval_task_seed=5"])

@@ -118,7 +118,9 @@ def evaluator_config(cfg: DemoConfig, workdir: Path, store: Path) -> EvaluatorCo
         model_config=cfg.model_config,
         model=cfg.model,
         max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
+        # The learner's dataset, and its test split: one seed builds both splits, disjoint.
         data_dir=str(workdir / "datasets"),
+        task_seed=cfg.learner.task_seed,
         stop_file=str(workdir / "final_version"),
         timeout_s=cfg.timeout_s + 600,
         max_tokens=cfg.layout.layout.trajectory_len,
@@ -276,8 +278,11 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
                         f"learner still running after {cfg.timeout_s + 60}s (--timeout_s + 60); "
                         f"{waited_for(workdir, cfg.max_steps)}\n{learner.log_tail()}"
                     )
-                if evaluator is not None:
-                    evaluator.poll()  # samples its memory too
+                # poll() samples its memory too. It exits only after the final version: a
+                # dead one now is said now, not after the rest of the run.
+                if evaluator is not None and evaluator.poll() is not None:
+                    raise DemoFailed(f"evaluator {evaluator.exit_description()} while the learner trained:\n"
+                                     f"{evaluator.log_tail()}")  # fmt: skip
                 progress.update("training")
                 time.sleep(0.5)
             if learner.poll() != 0:

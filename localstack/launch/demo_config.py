@@ -44,7 +44,7 @@ ROLLOUT_SET = (
     *TELEMETRY_FLAGS,
 )
 EVALUATOR_SET = (
-    *("policy_root", "out", "env", "env_config", "data_dir", "stop_file", "timeout_s", "max_tokens"),
+    *("policy_root", "out", "env", "env_config", "data_dir", "task_seed", "stop_file", "timeout_s", "max_tokens"),
     *("model_config", "model", "max_new_tokens_per_turn"),
     *TELEMETRY_FLAGS,
 )
