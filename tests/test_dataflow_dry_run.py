@@ -25,7 +25,8 @@ from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2 as rapi
 from apache_beam.runners.dataflow.internal import apiclient
 
-from pipelines import dry_run, rollout
+from pipelines import dry_run
+from pipelines import job as rollout
 from pipelines.dry_run import remove_local_staging, staged_artifacts
 from pipelines.options import rollout_config
 from pipelines.pubsub_write import WriteRecordsToPubSub

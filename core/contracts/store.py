@@ -19,6 +19,7 @@ neither new versions nor their markers (measured against the emulator).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -164,7 +165,14 @@ class PolicyStore:
         alone = {jax.process_index()} if jax.process_count() > 1 else None
         only_us = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(), active_processes=alone)
         with ocp.StandardCheckpointer(multiprocessing_options=only_us) as ckptr:
-            ckptr.save(path, params, force=True)
+            try:
+                ckptr.save(path, params, force=True)
+            except BaseException:
+                # A failed save's background threads may still write into its tmp dir: let
+                # them end, or a retry of this version races them (seen under pytest -n 2).
+                with contextlib.suppress(Exception):
+                    ckptr.wait_until_finished()
+                raise
             ckptr.wait_until_finished()
         # Hashed after Orbax has finalised the directory and before the marker: the manifest
         # commits with the version. Read back, so it vouches for what the storage holds.
