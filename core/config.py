@@ -28,7 +28,17 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from core.config_checks import _BOUNDS, _CHOICES, _HELP, _MATCHES, _SECTION, KnobError, check_fields, configclass
+from core.config_checks import (
+    _BOUNDS,
+    _CHOICES,
+    _COMPARE,
+    _HELP,
+    _MATCHES,
+    _SECTION,
+    KnobError,
+    check_fields,
+    configclass,
+)
 
 _FLAG, _PREFIX, _HIDE, _REPEAT = "flag", "prefix", "hide", "repeat"
 __all__ = ["KnobError", "build", "check_fields", "configclass", "derived", "knob", "parse", "section", "to_argv"]
@@ -381,8 +391,7 @@ def markdown_table(cls, title: str, command: str) -> str:
         tname = _type_name(leaf.type)
         if leaf.choices:
             tname = " \\| ".join(map(str, leaf.choices))
-        signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-        tname += "".join(f", {signs[op]} {bound}" for op, bound in leaf.bounds)
+        tname += "".join(f", {_COMPARE[op][1]} {bound}" for op, bound in leaf.bounds)
         default = "required" if leaf.default is dataclasses.MISSING else f"`{_format_value(leaf.default)}`"
         if leaf.default is None or leaf.default in ((), {}, ""):
             default = "unset" if leaf.default is None else "empty"

@@ -14,8 +14,8 @@ has the runs and the commands):
   cut it.
 - Warm start: zero-shot the model solves 0 of 64 held-out tasks, sampled or greedy (it
   answers in prose or writes calls that are not JSON), so RL alone has no signal. 40 steps
-  of 4 demonstrations in its own chat format at 3e-4 (4 warmup steps, cosine): 8-10 minutes
-  of the hour (48 steps gave v0 0.645, 40 gave 0.707: both above the 0.6 asked, and RL
+  of 4 demonstrations in its own chat format at 3e-4 (4 warmup steps, cosine): 8.3-10.5
+  minutes of the hour (48 steps gave v0 0.645, 40 gave 0.707: both above the 0.6 asked, and RL
   had room either way). The demonstrations call the tool once with the whole expression
   (the calculator's BY_ENV below); a fifth of them answer at once, the decision RL keeps.
   With half answering at once the model called well but did not answer with the result
@@ -23,11 +23,12 @@ has the runs and the commands):
   than the decision. The byte recipe's 3e-3 made the loss rise (6.07 -> 7.59 in 2 steps).
 - RL: full fine-tuning (memory does not bind: the learner peaked at 10.8-13.1 GB of 24); 2
   records a step (the demo's layout holds one group of 8 a record, rows of 960 x 3 for
-  this model: 5,760 tokens a step, 1.2-3.3 minutes beside rollout and evaluation), records
-  waiting up to 30 s to fill (a group reaches the packer minutes after the last), a version
-  every step, a constant 5e-5. 10 steps: run 2 reached +0.2 at v4 and 0.996 at v12, and
-  took 62.7 minutes with 12; the evaluator at nice 10 scores greedy only at v0 and the
-  final version (`--eval_greedy_at=ends`), which cost run 2 three minutes at its end.
+  this model: 5,760 tokens a step, 2.0-3.3 minutes of compute beside rollout and evaluation,
+  1.2-1.8 with no evaluator running), records waiting up to 30 s to fill (a group reaches
+  the packer minutes after the last), a version every step, a constant 5e-5. 10 steps:
+  run 2 reached +0.2 at v4 and 0.996 at v12, and took 62.7 minutes with 12; the evaluator
+  at nice 10 scores greedy only at v0 and the final version (`--eval_greedy_at=ends`),
+  which cost run 2 three minutes at its end.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
   engine on a core, and a real model's turn takes seconds; the byte policy's 120 s cut
   episodes by wall clock, not behaviour (45 of 64 held-out episodes "timed out" in a probe).

@@ -128,7 +128,6 @@ class LearnerCheckpointer:
         is what the bucket holds). Only process 0 writes (the directory is shared); another
         process keeps a step pending until process 0's manifest for it exists, so its
         `durable_step()` cannot report a step durable that a restore would skip."""
-
         steps, self._unhashed = self._unhashed, []
         for step in steps:
             root = self._step_dir(step)

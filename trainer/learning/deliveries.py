@@ -112,14 +112,17 @@ class Deliveries:
         that step is durable, so they are (None: no step is durable yet)."""
         if durable_step is None:
             return []
-        done = [rid for rid, h in self.held.items() if h.covered_by is not None and h.covered_by <= durable_step]
-        return [a for rid in done for a in self.held.pop(rid).ack_ids]
+        return self._take(lambda h: h.covered_by is not None and h.covered_by <= durable_step)
 
     def take_settled(self) -> list[str]:
         """Ack ids of every settled record, covered or not: for a learner without checkpoints,
         where a record is as durable as it will ever be once it is settled."""
-        done = [rid for rid, h in self.held.items() if h.settled]
-        return [a for rid in done for a in self.held.pop(rid).ack_ids]
+        return self._take(lambda h: h.settled)
+
+    def _take(self, done) -> list[str]:
+        """Forgets the held records `done(held)` picks; returns their ack ids."""
+        rids = [rid for rid, h in self.held.items() if done(h)]
+        return [a for rid in rids for a in self.held.pop(rid).ack_ids]
 
     def due_for_extension(self) -> list[str]:
         """Every held ack id, when the last extension is extend_every_s old; else []."""

@@ -33,6 +33,7 @@ from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.logprobs import token_logprobs_and_entropy
 from core.policy.tokenizer import BYTE_TOKENIZER
+from environments.registry import DEFAULT_STYLE
 from trainer.learning import gradients, memory
 from trainer.learning.gradients import ComputeConfig
 
@@ -63,7 +64,7 @@ class WarmStartConfig:
         choices=DIRECT_AT,
     )
     oracle: str = knob(
-        "default",
+        DEFAULT_STYLE,
         "the demonstrations' style: the environment's default expert, or another it registers "
         "(calculator: whole, one call with the whole expression; needs max_ops_per_call to allow it)",
     )
@@ -88,7 +89,7 @@ async def oracle_transcript(
     answer_after=None,
     fmt: ChatFormat | None = None,
     env_config: dict | None = None,
-    style: str = "default",
+    style: str = DEFAULT_STYLE,
 ) -> Transcript:
     """One oracle episode through the real environment, tokenised exactly as the rollout
     side tokenises an episode in the model's chat format `fmt` (default: the byte format):
@@ -124,7 +125,7 @@ async def oracle_transcript(
 
 
 async def oracle_transcripts(
-    env_name: str, jobs, fmt, env_config, concurrency: int = 8, style: str = "default"
+    env_name: str, jobs, fmt, env_config, concurrency: int = 8, style: str = DEFAULT_STYLE
 ) -> list[Transcript]:
     """Oracle transcripts of (task, answer_after) jobs, in order, `concurrency` at a time:
     an environment whose tool runs elsewhere (code's sandbox processes) overlaps them."""
@@ -154,7 +155,7 @@ def oracle_rows(
     direct_at: str = "first_turn",
     fmt: ChatFormat | None = None,
     env_config: dict | None = None,
-    style: str = "default",
+    style: str = DEFAULT_STYLE,
 ) -> dict:
     """One transcript per row: tokens, segment_ids, positions, loss_mask [len(tasks), L],
     L = the longest transcript rounded up to 16 (no row longer than needed), <= max_seq_len."""
