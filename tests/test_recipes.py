@@ -88,7 +88,7 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
     real = parse_args(["--model", "/ckpt/SmolLM2"])
     byte = parse_args([])
     assert real.model == "/ckpt/SmolLM2" and byte.model is None
-    assert (real.warmstart_steps, real.warmstart_batch, real.learner.warmstart.learning_rate) == (40, 4, 3e-4)
+    assert (real.warmstart_steps, real.warmstart_batch, real.learner.warmstart.learning_rate) == (32, 4, 3e-4)
     assert (real.max_new_tokens_per_turn, real.batch_records, real.publish_every, real.plan) == (48, 2, 1, "off")
     assert real.learner.learner.learning_rate == 5e-5 != byte.learner.learner.learning_rate
     assert byte == config.build(DemoConfig)  # no --model: the byte recipe alone
@@ -97,7 +97,7 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
     assert mine.warmstart_batch == 4  # the rest of the recipe stays
     # The environment's own settings stay under the checkpoint's: guess keeps its game.
     guess = parse_args(["--env", "guess", "--model", "/ckpt/SmolLM2"])
-    assert guess.env_config == RECIPES_ENV_CONFIG_GUESS and guess.warmstart_steps == 40
+    assert guess.env_config == RECIPES_ENV_CONFIG_GUESS and guess.warmstart_steps == 32
     assert all(flag.startswith("--") for flag in COMMON)
 
 
