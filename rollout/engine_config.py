@@ -39,6 +39,12 @@ class EngineConfig:
         flag="engine_prefill_slots",
         ge=1,
     )
+    seed: int = knob(
+        0,
+        "the sampler's random seed: repeats of a run differ in their draws (benchmarks/staleness.py)",
+        flag="engine_seed",
+        ge=0,
+    )
     # Default False because Beam drops False flags from a worker's options.
     separate_prompts: bool = knob(
         False,

@@ -38,7 +38,7 @@ class RolloutWorker:
         self._group_slots: asyncio.Semaphore | None = None  # made on the episodes' event loop
         spec = policy_spec(cfg.model, cfg.model_config)  # the learner's --model: same config and tokenizer
         self.sampler = Sampler(
-            spec.cfg, cfg.slots, cfg.max_tokens, prefill=cfg.prefill, prefill_slots=cfg.prefill_slots
+            spec.cfg, cfg.slots, cfg.max_tokens, prefill=cfg.prefill, prefill_slots=cfg.prefill_slots, seed=cfg.seed
         )
         store = PolicyStore(cfg.policy_root)
         loader = VersionLoader(store, spec.cfg, self.sampler.abstract_params, base_params(spec.checkpoint))

@@ -70,6 +70,7 @@ ROLLOUT_CHANGES = dict(
     engine_prefill=32,
     engine_prefill_slots=4,
     engine_separate_prompts=True,
+    engine_seed=3,
     max_concurrent_groups=4,
     queued_groups=2,
     admit_poll_s=0.1,

@@ -1,0 +1,210 @@
+"""benchmarks/staleness.py's reading of a run (its workdir and summary), its tables and plot."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from _report import print_table
+
+from localstack.reports.heldout import curve
+from localstack.reports.summary import DemoSummary
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut by the run's end
+            continue
+    return rows
+
+
+def _mean(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.fmean(xs), 4) if xs else None
+
+
+def _pearson(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    return round(statistics.correlation(xs, ys), 3)
+
+
+def run_row(setting: str, seed: int, workdir: Path, s: DemoSummary, target: float) -> dict:
+    """One run's figures: time to target from the evaluator's rows, the rest from the
+    learner's summary and its per-step metrics."""
+    L = s.learner
+    held = curve(_jsonl(workdir / "eval.jsonl"), "sampled")
+    hit = next((p for p in held if p["success"] >= target), None)
+    steps = [r for r in _jsonl(workdir / "logs" / "learner" / "metrics.jsonl") if "losses/clipfrac" in r]
+    hist = {int(k): v for k, v in L.staleness_histogram.items()}
+    n = sum(hist.values())
+    # Reward tracking: the mean train reward of the batches trained while version v was the
+    # newest, against v's held-out success.
+    by_version: dict[int, list[float]] = {}
+    for r in steps:
+        if "data/batch_reward" in r and "policy/version" in r:
+            by_version.setdefault(int(r["policy/version"]), []).append(r["data/batch_reward"])
+    held_by_version = {p["version"]: p["success"] for p in held}
+    pairs = [
+        (v, statistics.fmean(rs), held_by_version[v]) for v, rs in sorted(by_version.items()) if v in held_by_version
+    ]
+    return {
+        "setting": setting,
+        "seed": seed,
+        "workdir": str(workdir),
+        "wall_s": L.wall_s,
+        "steps": L.steps,
+        "versions": len(L.policy_versions_published) - 1,
+        "time_to_target_s": hit["rl_s"] if hit else None,
+        "versions_to_target": hit["version"] if hit else None,
+        "rl_s_evaluated": held[-1]["rl_s"] if held else None,  # how far the curve reaches
+        "held_out": held,
+        "held_out_first": held[0]["success"] if held else None,
+        "held_out_last": held[-1]["success"] if held else None,
+        "versions_evaluated": len(held),
+        "tokens_per_s": L.steady_trained_tokens_per_s,
+        "duty": L.steady_duty_cycle,
+        "staleness_histogram": hist,
+        "mean_staleness": round(sum(k * v for k, v in hist.items()) / n, 2) if n else 0.0,
+        "max_staleness": max(hist, default=0),
+        "dropped_stale": L.trajectories_dropped_stale,
+        "trajectories": L.trajectories,
+        "importance_weight_mean": _mean(r.get("losses/importance_weight_mean") for r in steps),
+        "clipfrac": _mean(r.get("losses/clipfrac") for r in steps),
+        "approx_kl": _mean(r.get("losses/approx_kl") for r in steps),
+        "behaviour_weight_mean": _mean(r.get("losses/behaviour_weight_mean") for r in steps),
+        "reward_tracking": [{"version": v, "train_reward": round(t, 4), "held_out": h} for v, t, h in pairs],
+        "reward_tracking_r": _pearson([t for _, t, _ in pairs], [h for _, _, h in pairs]),
+    }
+
+
+def _span(xs: list) -> str:
+    got = [x for x in xs if x is not None]
+    if not got:
+        return f"not reached ({len(xs)})"
+    lo, hi, mean = min(got), max(got), statistics.fmean(got)
+    miss = f", {len(xs) - len(got)} of {len(xs)} not reached" if len(got) < len(xs) else ""
+    return f"{mean:.0f} [{lo:.0f}-{hi:.0f}]{miss}"
+
+
+def by_setting(runs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in runs:
+        out.setdefault(r["setting"], []).append(r)
+    return out
+
+
+def first_at(held: list[dict], threshold: float) -> dict | None:
+    """The first evaluated version at or above `threshold` (its rl_s and version), if any."""
+    return next((p for p in held if p["success"] >= threshold), None)
+
+
+def _times_row(name: str, runs: list[dict], sync: dict[int, list[dict]], threshold: float) -> list:
+    hits = [first_at(r["held_out"], threshold) for r in runs]
+    ratios = []
+    for r, hit in zip(runs, hits):
+        base = first_at(sync.get(r["seed"], []), threshold)
+        if hit and base and base["rl_s"] > 0:
+            ratios.append(hit["rl_s"] / base["rl_s"])
+    return [
+        threshold,
+        name,
+        len(runs),
+        _span([h["rl_s"] if h else None for h in hits]),
+        _span([h["version"] if h else None for h in hits]),
+        ", ".join(f"{x:.2f}" for x in ratios) or "-",
+    ]
+
+
+def print_tables(lat: str, sweep: dict, thresholds: tuple[float, ...]) -> None:
+    groups = by_setting(sweep["runs"])
+    sync = {r["seed"]: r["held_out"] for r in groups.get("sync", [])}
+    print_table(
+        f"tool latency {lat}: seconds and versions from v0 to held-out sampled success (mean [range] over seeds)",
+        ["held-out", "setting", "seeds", "s from v0", "versions", "s / same seed's sync"],
+        [_times_row(name, runs, sync, t) for t in thresholds for name, runs in groups.items()],
+    )
+    rows = [
+        [
+            name,
+            _mean(r["wall_s"] for r in runs),
+            _mean(r["versions"] for r in runs),
+            _mean(r["held_out_first"] for r in runs),
+            _mean(r["held_out_last"] for r in runs),
+            _mean(r["tokens_per_s"] for r in runs),
+            _mean(r["duty"] for r in runs),
+            _mean(r["mean_staleness"] for r in runs),
+            max(r["max_staleness"] for r in runs),
+            sum(r["dropped_stale"] for r in runs),
+            _mean(r["importance_weight_mean"] for r in runs),
+            _mean(r["clipfrac"] for r in runs),
+            _mean(r["approx_kl"] for r in runs),
+            _mean(r["reward_tracking_r"] for r in runs),
+        ]
+        for name, runs in groups.items()
+    ]
+    print_table(
+        f"tool latency {lat}: each setting, means over its seeds",
+        [
+            "setting",
+            "learner wall s",
+            "versions",
+            "held-out v0",
+            "held-out last",
+            "trained tok/s",
+            "duty",
+            "mean stale",
+            "max stale",
+            "dropped stale (all seeds)",
+            "IS ratio",
+            "clip frac",
+            "approx KL",
+            "reward tracking r",
+        ],
+        rows,
+    )
+
+
+def _held_at(held: list[dict], t: float) -> float | None:
+    """The held-out success of the newest evaluated version published by t."""
+    got = [p["success"] for p in held if p["rl_s"] <= t]
+    return got[-1] if got else None
+
+
+def plot(results: dict, thresholds: tuple[float, ...], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lats = list(results["latencies"])
+    if not lats:
+        return
+    fig, axes = plt.subplots(1, len(lats), figsize=(6.5 * len(lats), 4.2), squeeze=False)
+    for ax, lat in zip(axes[0], lats):
+        for name, runs in by_setting(results["latencies"][lat]["runs"]).items():
+            end = max(r["rl_s_evaluated"] or 0 for r in runs)
+            ts = [end * i / 200 for i in range(201)]
+            values = [[_held_at(r["held_out"], t) for r in runs] for t in ts]
+            keep = [(t, [v for v in vs if v is not None]) for t, vs in zip(ts, values)]
+            keep = [(t, vs) for t, vs in keep if vs]
+            if not keep:
+                continue
+            t, vs = zip(*keep)
+            (line,) = ax.plot(t, [statistics.fmean(v) for v in vs], label=f"{name} ({len(runs)} seeds)")
+            ax.fill_between(t, [min(v) for v in vs], [max(v) for v in vs], color=line.get_color(), alpha=0.15)
+        for t in thresholds:
+            ax.axhline(t, color="k", ls=":", lw=1)
+        ax.set_title(f"calculator, tools {lat}")
+        ax.set_xlabel("seconds since v0 was published")
+        ax.set_ylabel("held-out sampled success")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,83 @@
+"""benchmarks/staleness.py's pure parts: re-planning a measured plan for another staleness
+bound, and reading a held-out curve at a time. No processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import _staleness_report as report
+import staleness
+
+from trainer.learning.capacity import Measurements
+
+
+def base_plan(m: Measurements) -> dict:
+    """A plan in the planner's format at its default bound, as `localstack.launch.plan` writes it."""
+    return {"measurements": m.__dict__, "plan": {"target_duty": 0.95, "rollout_workers": 1}}
+
+
+measurements = st.builds(
+    Measurements,
+    step_s=st.floats(0.1, 5),
+    trajectories_per_record=st.floats(1, 16),
+    batch_records=st.integers(1, 8),
+    episode_s=st.floats(0.5, 30),
+    pipeline_s=st.floats(0, 5),
+    rollout_rate=st.floats(1, 200),
+    tokens_per_trajectory=st.floats(10, 500),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=measurements)
+def test_a_looser_bound_never_plans_fewer_in_flight_nor_a_tighter_drop_rule(m, tmp_path_factory):
+    d = tmp_path_factory.mktemp("plans")
+    plans = [json.loads(staleness.replan(base_plan(m), b, 2, d / f"{b}.json").read_text()) for b in (1.0, 2.0, 4.0)]
+    windows = [p["plan"]["max_in_flight"] for p in plans]
+    drops = [p["plan"]["max_staleness"] for p in plans]
+    assert windows == sorted(windows) and drops == sorted(drops)
+    for p, bound in zip(plans, (1.0, 2.0, 4.0)):
+        assert p["plan"]["staleness_bound"] == bound
+        # What the demo hands the learner and the rollout job is the re-planned window.
+        assert f"--max_in_flight={p['plan']['max_in_flight']}" in p["learner_flags"]
+        assert f"--max_staleness={p['plan']['max_staleness']}" in p["learner_flags"]
+        # The predicted mean lag stays within the bound, unless the deadlock floor forces more.
+        floor = m.batch_records * 16 + 8  # the default layout's largest record: 16 trajectories; groups of 8
+        if p["plan"]["max_in_flight"] > floor:
+            assert p["predicted"]["async"]["staleness_versions"] <= bound + 1e-9
+
+
+def test_the_curve_at_a_time_is_the_newest_version_published_by_then():
+    held = [{"rl_s": 0.0, "success": 0.5}, {"rl_s": 10.0, "success": 0.7}, {"rl_s": 25.0, "success": 0.9}]
+    assert report._held_at(held, -1.0) is None
+    assert [report._held_at(held, t) for t in (0.0, 9.9, 10.0, 24.0, 99.0)] == [0.5, 0.5, 0.7, 0.7, 0.9]
+
+
+def test_the_table_gives_each_seeds_time_as_a_share_of_the_same_seeds_sync_time(capsys):
+    def held(*points):
+        return [{"version": v, "rl_s": t, "success": x} for v, (t, x) in enumerate(points)]
+
+    runs = [
+        {"setting": "sync", "seed": 0, "held_out": held((0, 0.2), (50, 0.5), (100, 0.6))},
+        {"setting": "sync", "seed": 1, "held_out": held((0, 0.2), (40, 0.5), (80, 0.55))},
+        {"setting": "bound2", "seed": 0, "held_out": held((0, 0.2), (10, 0.3), (25, 0.5), (60, 0.6))},
+        {"setting": "bound2", "seed": 1, "held_out": held((0, 0.2), (10, 0.45), (30, 0.49))},
+    ]
+    for r in runs:
+        r.update(wall_s=100.0, versions=2, held_out_first=0.2, held_out_last=0.5, tokens_per_s=1.0, duty=0.1)
+        r.update(mean_staleness=1.0, max_staleness=2, dropped_stale=0, importance_weight_mean=1.0, clipfrac=0.0)
+        r.update(approx_kl=0.0, reward_tracking_r=None)
+    report.print_tables("fixed:2", {"runs": runs}, (0.5, 0.6))
+    rows = [line for line in capsys.readouterr().out.splitlines() if "bound2" in line]
+    at_half, at_six = rows[0], rows[1]
+    # 0.5: seed 0 at v2 after 25 s (sync 50 s: 0.50); seed 1 never.
+    assert "25 [25-25], 1 of 2 not reached" in at_half and "0.50" in at_half
+    # 0.6: seed 0 after 60 s against sync's 100 s; sync seed 1 never reached it: no ratio.
+    assert "60 [60-60], 1 of 2 not reached" in at_six and "0.60" in at_six
