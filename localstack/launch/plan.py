@@ -32,6 +32,7 @@ from core.contracts.record_shape import LayoutConfig
 from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.lora import LoraConfig
 from core.policy.sources import MODEL_HELP, policy_spec
+from localstack.launch.staleness_evidence import default_bound
 from rollout.engine_config import EngineConfig
 from trainer.config import LearnerJobConfig
 from trainer.learning.capacity import Measurements, make_plan
@@ -55,7 +56,12 @@ class PlanConfig:
     group_size: int = knob(CreditConfig.group_size, "episodes per request (the learner's)")
     publish_every: int = knob(LearnerConfig.publish_every, "learner steps between policy versions (the learner's)")
     target_duty: float = knob(0.95, "the learner duty cycle the plan aims at")
-    staleness_bound: float = knob(2.0, "mean policy versions a trajectory may lag (caps credits)")
+    staleness_bound: float | None = knob(
+        None,
+        "mean policy versions a trajectory may lag (caps credits); unset: the bound the staleness sweep "
+        "found fastest to target at this tool latency (localstack/launch/staleness_evidence.py), else 2",
+        gt=0,
+    )
     max_wait_s: float = knob(1.0, "the packer's max wait (adds to the latency)")
     pipeline_s: float | None = knob(None, "transport latency (unset: a measured constant)")
     engine_slots: int = knob(EngineConfig.slots, "KV-cache slots per rollout worker (the rollout job's)")
@@ -253,6 +259,10 @@ def run(cfg: PlanConfig) -> dict:
         slowest_episode_s=env["slowest_episode_s"] + generation_s,
     )
     credits = CreditConfig(0, cfg.batch_records, layout.largest, cfg.group_size)
+    if cfg.staleness_bound is None:
+        bound, bound_why = default_bound(cfg.tool_latency)
+    else:
+        bound, bound_why = cfg.staleness_bound, f"bound {cfg.staleness_bound:g}: given (--staleness_bound)"
     plan = make_plan(
         m,
         target_duty=cfg.target_duty,
@@ -260,7 +270,7 @@ def run(cfg: PlanConfig) -> dict:
         publish_every=cfg.publish_every,
         min_window=credits.min_window,
         workers=cfg.workers or None,
-        staleness_bound=cfg.staleness_bound,
+        staleness_bound=bound,
     )
     return {
         "env": cfg.env,
@@ -272,7 +282,8 @@ def run(cfg: PlanConfig) -> dict:
         "latency_s": m.latency_s,
         "plan": {
             "target_duty": plan.target_duty,
-            "staleness_bound": cfg.staleness_bound,
+            "staleness_bound": bound,
+            "staleness_bound_why": bound_why,
             "max_in_flight": plan.max_in_flight,
             "max_staleness": plan.max_staleness,
             "rollout_workers": plan.rollout_workers,
@@ -296,6 +307,7 @@ def describe(r: dict) -> list[str]:
         f"rollout: {m['rollout_rate']:.1f} trajectories/s per worker ({r['rollout_rate_source']})",
         f"plan: {p['max_in_flight']} trajectories in flight, staleness bound {p['max_staleness']}, "
         f"{p['rollout_workers']} worker(s) x {p['max_concurrent_groups']} groups, {p['engine_slots']} slots",
+        f"staleness: {p.get('staleness_bound_why', p['staleness_bound'])}",
         f"async: duty {a['duty_cycle']:.2f}, bound by {a['binds']}; limits: "
         + ", ".join(f"{k} {v:.1f}/s" for k, v in a["limits"].items()),
         f"sync: duty {s['duty_cycle']:.2f} (collect {s['limits']['collect_s']:.2f} s, train "

@@ -1,0 +1,44 @@
+"""What the staleness sweep measured (benchmarks/staleness.py; docs/BENCHMARKS.md, "Staleness"):
+by tool latency, the wall time from v0 to a held-out success under each staleness bound.
+
+The planner's default bound is the one that got there soonest at the run's tool latency,
+and the plan says so with the numbers (localstack/launch/plan.py). Duty alone would always
+pick the loosest bound: more in flight keeps the learner busier, but on staler data, and
+staler data needs more versions to the same success. At a latency the sweep did not
+measure the planner keeps FALLBACK_BOUND and says that nothing was measured there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+FALLBACK_BOUND = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    threshold: float  # held-out sampled success the times are to
+    seconds: dict[float, float]  # staleness bound -> mean seconds from v0, over the seeds
+    sync_seconds: float | None  # the synchronous baseline's mean, same seeds
+    seeds: int
+    measured: str  # when and where
+
+
+SWEEPS: dict[str, Sweep] = {}
+
+
+def default_bound(tool_latency: str) -> tuple[float, str]:
+    """The staleness bound to plan with at `tool_latency`, and why."""
+    sweep = SWEEPS.get(tool_latency)
+    if sweep is None:
+        measured = ", ".join(SWEEPS) or "none"
+        return FALLBACK_BOUND, (
+            f"bound {FALLBACK_BOUND:g}: the staleness sweep did not run at {tool_latency} (it ran at: {measured})"
+        )
+    best = min(sweep.seconds, key=lambda b: (sweep.seconds[b], b))
+    others = ", ".join(f"bound {b:g} {s:.0f} s" for b, s in sorted(sweep.seconds.items()) if b != best)
+    sync = f", sync {sweep.sync_seconds:.0f} s" if sweep.sync_seconds is not None else ""
+    return best, (
+        f"bound {best:g}: fastest to held-out {sweep.threshold:g} at {tool_latency} in the staleness sweep, "
+        f"{sweep.seconds[best]:.0f} s from v0 (mean of {sweep.seeds} seeds; {others}{sync}; {sweep.measured})"
+    )
