@@ -10,6 +10,7 @@ from _report import print_table
 
 from localstack.reports.heldout import curve
 from localstack.reports.summary import DemoSummary
+from localstack.reports.tracking import reward_tracking, tracking_r
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -29,31 +30,17 @@ def _mean(xs) -> float | None:
     return round(statistics.fmean(xs), 4) if xs else None
 
 
-def _pearson(xs: list[float], ys: list[float]) -> float | None:
-    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
-        return None
-    return round(statistics.correlation(xs, ys), 3)
-
-
 def run_row(setting: str, seed: int, workdir: Path, s: DemoSummary, target: float) -> dict:
     """One run's figures: time to target from the evaluator's rows, the rest from the
     learner's summary and its per-step metrics."""
     L = s.learner
-    held = curve(_jsonl(workdir / "eval.jsonl"), "sampled")
+    evals = _jsonl(workdir / "eval.jsonl")
+    held = curve(evals, "sampled")
     hit = next((p for p in held if p["success"] >= target), None)
     steps = [r for r in _jsonl(workdir / "logs" / "learner" / "metrics.jsonl") if "losses/clipfrac" in r]
     hist = {int(k): v for k, v in L.staleness_histogram.items()}
     n = sum(hist.values())
-    # Reward tracking: the mean train reward of the batches trained while version v was the
-    # newest, against v's held-out success.
-    by_version: dict[int, list[float]] = {}
-    for r in steps:
-        if "data/batch_reward" in r and "policy/version" in r:
-            by_version.setdefault(int(r["policy/version"]), []).append(r["data/batch_reward"])
-    held_by_version = {p["version"]: p["success"] for p in held}
-    pairs = [
-        (v, statistics.fmean(rs), held_by_version[v]) for v, rs in sorted(by_version.items()) if v in held_by_version
-    ]
+    pairs = reward_tracking(steps, evals)
     return {
         "setting": setting,
         "seed": seed,
@@ -79,8 +66,8 @@ def run_row(setting: str, seed: int, workdir: Path, s: DemoSummary, target: floa
         "clipfrac": _mean(r.get("losses/clipfrac") for r in steps),
         "approx_kl": _mean(r.get("losses/approx_kl") for r in steps),
         "behaviour_weight_mean": _mean(r.get("losses/behaviour_weight_mean") for r in steps),
-        "reward_tracking": [{"version": v, "train_reward": round(t, 4), "held_out": h} for v, t, h in pairs],
-        "reward_tracking_r": _pearson([t for _, t, _ in pairs], [h for _, _, h in pairs]),
+        "reward_tracking": pairs,
+        "reward_tracking_r": tracking_r(pairs),
     }
 
 

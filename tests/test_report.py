@@ -10,7 +10,7 @@ import matplotlib.image as mpimg
 import numpy as np
 
 from core.contracts.run_summary import RunSummary
-from localstack.reports import report, timeline
+from localstack.reports import report, timeline, tracking
 from localstack.reports.summary import DemoSummary
 from trainer.learning.accounting import trajectory_accounting
 
@@ -116,7 +116,7 @@ def make_run(wd, logs: bool = True, trace: bool = True) -> None:
         {"step": s, "wall_time": T0 + 7 + 2 * s, "perf/wall_s": 2.0 * s, "perf/duty_cycle": 0.03 * s}
         | {"perf/duty_cycle_recent": 0.05 * s, "perf/trained_tokens_per_s_recent": 100.0 * s}
         | {"perf/trained_tokens_per_s": 80.0 * s, "staleness/mean": s % 3 / 2, "staleness/max": s % 3}
-        | {"data/fill": 0.5 + 0.04 * s}
+        | {"data/fill": 0.5 + 0.04 * s, "data/batch_reward": 0.1 * s, "policy/version": s // 5}
         for s in range(1, 11)
     ]
     _write_jsonl(wd / "logs/learner/metrics.jsonl", learner, tail=CUT)
@@ -167,6 +167,8 @@ def test_full_run_report_embeds_every_plot(tmp_path):
     assert "| learner duty cycle (whole run / steady) | 0.3 / 0.35 |" in text
     assert "| held-out success, sampled (first → last version) | 0.25 (v0) → 0.95 (v1) |" in text
     assert "| first version reaching target 0.9 | sampled: v1, 20 s after v0; greedy: not reached |" in text
+    # Versions 0 and 1 have both a train reward and a held-out score: too few for an r.
+    assert "| train reward vs held-out sampled, per version | n/a (2 versions with both) |" in text
     assert f"tensorboard --logdir {tmp_path / 'logs'}" in text
     # Each file's cut-short last line was skipped.
     assert "`logs/learner/metrics.jsonl` (10 rows)" in text and "`eval.jsonl` (4 rows)" in text
@@ -250,3 +252,19 @@ def test_cli_writes_only_the_timeline_when_asked(tmp_path, capsys):
     assert_legible_png(out)
     assert not (tmp_path / "report.md").exists()
     assert str(out) in capsys.readouterr().out
+
+
+def test_reward_tracking_pairs_each_versions_train_reward_with_its_held_out_score():
+    steps = ((0, 0.2), (0, 0.4), (1, 0.5), (2, 0.9), (3, 1.0))
+    learner = [{"policy/version": v, "data/batch_reward": r} for v, r in steps]
+    learner.append({"perf/wall_s": 1.0})  # a row without a reward: not a step's
+    evals = [{"version": v, "mode": "sampled", "success": x} for v, x in ((0, 0.1), (1, 0.4), (2, 0.7))]
+    evals.append({"version": 3, "mode": "greedy", "success": 1.0})  # greedy: not the sampled curve
+    pairs = tracking.reward_tracking(learner, evals)
+    assert pairs == [
+        {"version": 0, "train_reward": 0.3, "held_out": 0.1},
+        {"version": 1, "train_reward": 0.5, "held_out": 0.4},
+        {"version": 2, "train_reward": 0.9, "held_out": 0.7},
+    ]
+    assert tracking.tracking_r(pairs) > 0.95
+    assert tracking.tracking_r([{**p, "held_out": 0.5} for p in pairs]) is None  # a flat curve has no r

@@ -27,6 +27,7 @@ from localstack.reports.heldout import held_out_summary
 from localstack.reports.reconcile import Reconciliation, format_reconciliation
 from localstack.reports.summary import DemoSummary, read_summary
 from localstack.reports.timeline import render_timeline
+from localstack.reports.tracking import reward_tracking, tracking_text
 from trainer.learning.accounting import format_accounting
 
 DPI = 100
@@ -128,6 +129,7 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
     slash = lambda *names: " / ".join(_fmt(get(s if n == "demo_wall_s" else L, n)) for n in names)
     versions = L.policy_versions_published if L else []
     status = L.episode_status if L else {}
+    tracking = ("train reward vs held-out sampled, per version", tracking_text(run.learner, run.evals))
     return [
         ("schedule", _fmt(get(L, "schedule"))),
         ("learner steps", _fmt(get(L, "steps"))),
@@ -142,7 +144,7 @@ def summary_rows(run: Run) -> list[tuple[str, str]]:
             "records consumed / rejected / duplicates / dropped stale",
             slash("records_consumed", "records_rejected", "records_duplicate", "records_dropped_stale"),
         ),
-    ] + _held_out_rows(run)
+    ] + [*_held_out_rows(run), tracking]
 
 
 # -- plots -------------------------------------------------------------------------------
@@ -205,7 +207,7 @@ def plot_staleness(run: Run, out: Path) -> Path:
     hist = {int(k): v for k, v in hist.items() if k.isdigit()}
     if not hist and not run.learner:
         raise _Missing("no staleness_histogram in the summary and no learner rows")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4))
     if hist:  # keys are versions behind; every bucket up to the largest is drawn, empty ones too
         a1.bar([str(k) for k in range(max(hist) + 1)], [hist.get(k, 0) for k in range(max(hist) + 1)])
     else:
@@ -213,6 +215,9 @@ def plot_staleness(run: Run, out: Path) -> Path:
     a1.set(title="Staleness of consumed records", xlabel="policy versions behind", ylabel="records")
     labels = {"title": "Staleness per learner step", "xlabel": "learner step", "ylabel": "versions behind"}
     _lines(a2, run.learner, "step", {"staleness/mean": "mean", "staleness/max": "max"}, **labels)
+    labels = {"title": "Does train reward track held-out?", "xlabel": "policy version", "ylabel": "success / reward"}
+    keys = {"train_reward": "train batch reward", "held_out": "held-out sampled"}
+    _lines(a3, reward_tracking(run.learner, run.evals), "version", keys, **labels)
     return _save(fig, out)
 
 
