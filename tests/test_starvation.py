@@ -162,7 +162,11 @@ def test_the_live_panel_shows_the_records_held_until_their_checkpoint_lands(tmp_
     row |= dict.fromkeys(["perf/trained_tokens_per_s_recent", "perf/trained_tokens_per_s"], 10.0)
     row |= dict.fromkeys(["perf/duty_cycle_recent", "perf/duty_cycle"], 0.5)
     row["data/records_held_unacked"] = 7
+    row |= {"staleness/records_0": 5, "staleness/records_2": 9, "staleness/records_10": 1}
     (tmp_path / "logs" / "learner" / "metrics.jsonl").write_text(json.dumps(row) + "\n")
     state = RunState(tmp_path, 10)
     state.refresh()
-    assert dict(state.fields())["records held, not acked"] == "7"
+    fields = dict(state.fields())
+    assert fields["records held, not acked"] == "7"
+    # The run's staleness distribution, in order of versions behind (10 after 2, not after 0).
+    assert fields["staleness"] == "mean 1.00   max 2   records by versions behind 0: 5  2: 9  10: 1"

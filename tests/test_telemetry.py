@@ -162,7 +162,7 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
     writer = SimpleNamespace(write=lambda step, row: rows.append(row), close=lambda: None)
     tel = LearnerTelemetry(writer, trace.NULL, started=0.0, recent_s=10.0, clock=lambda: now[0])
     rec = SimpleNamespace(num_tokens=512, tokens=np.zeros((4, 256)), trajectories=[SimpleNamespace(reward=1.0)])
-    staleness = SimpleNamespace(staleness=lambda r, v: 1, dropped_records=0)
+    staleness = SimpleNamespace(staleness=lambda r, v: 1, dropped_records=0, histogram={0: 3, 2: 1})
     parts = SimpleNamespace(
         staleness=staleness,
         credits=SimpleNamespace(outstanding=7),
@@ -188,6 +188,7 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
     assert rows[-1]["perf/trained_tokens_per_s_recent"] == pytest.approx(rec.num_tokens * 10 / 60 / 10, abs=0.1)
     assert last["data/fill"] == pytest.approx(0.5) and last["staleness/max"] == 1
     assert last["data/records_buffered"] == 1 and last["feeder/in_flight"] == 7
+    assert (last["staleness/records_0"], last["staleness/records_2"]) == (3, 1) and "staleness/records_1" not in last
 
 
 @pytest.mark.e2e

@@ -92,7 +92,7 @@ class RunState:
                     "learner duty cycle",
                     f"{L['perf/duty_cycle_recent']:.2f} recent   {L['perf/duty_cycle']:.2f} whole run",
                 ),
-                ("staleness", f"mean {L['staleness/mean']:.2f}   max {L['staleness/max']}"),
+                ("staleness", f"mean {L['staleness/mean']:.2f}   max {L['staleness/max']}{_by_staleness(L)}"),
                 # Acked once the checkpoint that holds them lands; a crash redelivers these.
                 ("records held, not acked", f"{L.get('data/records_held_unacked', 0)}"),
             ]
@@ -139,6 +139,12 @@ def learner_waiting(workdir: Path) -> str | None:
         return json.loads((Path(workdir) / "logs" / "learner" / "status.json").read_text()).get("waiting")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _by_staleness(row: dict) -> str:
+    """The run's admitted records by versions behind, "   records by versions behind 0: 5  1: 9"."""
+    hist = sorted((int(k.rsplit("_", 1)[1]), n) for k, n in row.items() if k.startswith("staleness/records_"))
+    return ("   records by versions behind " + "  ".join(f"{k}: {n}" for k, n in hist)) if hist else ""
 
 
 def _p(rollout: dict, key: str) -> str:

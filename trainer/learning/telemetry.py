@@ -104,6 +104,8 @@ class LearnerTelemetry:
             "data/pubsub_errors": parts.consumer.pubsub_errors,
             "feeder/in_flight": parts.credits.outstanding,
             "feeder/requests_published": parts.feeder.published if parts.feeder else 0,
+            # The whole run's admitted records by versions behind (the live panel's distribution).
+            **{f"staleness/records_{k}": n for k, n in sorted(parts.staleness.histogram.items())},
         }
         self.writer.write(step, row)
         self.tracer.counter("learner", duty_recent=round(duty_recent, 3), in_flight=parts.credits.outstanding)
