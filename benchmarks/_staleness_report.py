@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 from _report import print_table
 
+from core.telemetry.scalars import read_rows
 from localstack.reports.heldout import curve
 from localstack.reports.summary import DemoSummary
 from localstack.reports.tracking import reward_tracking, tracking_r
-
-
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:  # a line cut by the run's end
-            continue
-    return rows
 
 
 def _mean(xs) -> float | None:
@@ -34,10 +22,10 @@ def run_row(setting: str, seed: int, workdir: Path, s: DemoSummary, target: floa
     """One run's figures: time to target from the evaluator's rows, the rest from the
     learner's summary and its per-step metrics."""
     L = s.learner
-    evals = _jsonl(workdir / "eval.jsonl")
+    evals = read_rows(workdir / "eval.jsonl")
     held = curve(evals, "sampled")
-    hit = next((p for p in held if p["success"] >= target), None)
-    steps = [r for r in _jsonl(workdir / "logs" / "learner" / "metrics.jsonl") if "losses/clipfrac" in r]
+    hit = first_at(held, target)
+    steps = [r for r in read_rows(workdir / "logs" / "learner" / "metrics.jsonl") if "losses/clipfrac" in r]
     hist = {int(k): v for k, v in L.staleness_histogram.items()}
     n = sum(hist.values())
     pairs = reward_tracking(steps, evals)

@@ -104,12 +104,17 @@ def replan(base: dict, bound: float, publish_every: int, path: Path) -> Path:
     )
     plan = {
         **base,
-        "plan": {**base["plan"], "staleness_bound": bound, "max_in_flight": p.max_in_flight},
+        "plan": {
+            **base["plan"],
+            "staleness_bound": bound,
+            "staleness_bound_why": f"bound {bound:g}: the staleness sweep's setting",
+            "max_in_flight": p.max_in_flight,
+            "max_staleness": p.max_staleness,
+        },
         "predicted": {"async": p.async_prediction.__dict__, "sync": p.sync_prediction.__dict__},
         "learner_flags": p.learner_flags(),
         "pipeline_flags": p.pipeline_flags(),
     }
-    plan["plan"]["max_staleness"] = p.max_staleness
     path.write_text(json.dumps(plan, indent=2))
     return path
 
