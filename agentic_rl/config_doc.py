@@ -7,7 +7,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from core import config
+from core import config_table
 
 # subcommand -> "module:ConfigClass", in the order the document lists them
 CONFIGS = {
@@ -35,8 +35,10 @@ start-up are in [CONFIG_REFUSALS.md](CONFIG_REFUSALS.md).
 
 `agentic-rl SUBCOMMAND --help` prints the same list. In the demo, the learner's, the
 rollout job's and the evaluator's own fields are flags under `--learner.`, `--rollout.` and
-`--eval_`; the fields the demo sets itself (topics, paths, the run-wide settings above
-them) are not.
+`--eval_`. Not there: the settings every process shares (model, environment, layout, LoRA,
+warm start), which are the demo's own flags and reach each process that holds them; where
+a process connects (topics, stores, paths), which the demo sets from its workdir; and the
+run-wide settings above them.
 """
 
 
@@ -49,7 +51,9 @@ def render() -> str:
     parts = [HEADER]
     for sub in CONFIGS:
         cls = config_class(sub)
-        parts.append(config.markdown_table(cls, f"`agentic-rl {sub}`: {cls.__name__}", f"agentic-rl {sub} --help"))
+        parts.append(
+            config_table.markdown_table(cls, f"`agentic-rl {sub}`: {cls.__name__}", f"agentic-rl {sub} --help")
+        )
     return "\n".join(parts)
 
 

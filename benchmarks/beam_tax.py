@@ -78,7 +78,7 @@ def engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
 
 
 def _engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
-    spec = policy_spec(engine_cfg.model, engine_cfg.model_config)
+    spec = policy_spec(engine_cfg.model.checkpoint, engine_cfg.model.builtin)
     sampler = Sampler(
         spec.cfg,
         engine_cfg.slots,

@@ -6,20 +6,19 @@ the tree this module makes:
 - argparse flags (`add_arguments`, also Beam's `PipelineOptions._add_argparse_args`),
 - the tree again from parsed flags (`from_namespace`, `parse`),
 - the flags that rebuild a given tree in another process (`to_argv`),
-- a Markdown table of every flag (`markdown_table`, docs/CONFIG.md).
+- a Markdown table of every flag (core/config_table.py, docs/CONFIG.md).
 
-Flags are flat (`--batch_records`, not `--learner.loss.eps_low`): a section's fields join
-the flags of the tree that holds it, under the section's `prefix` ("" by default, so the
-flag names of a component config stay the names users know). A name used twice in one
-tree is refused when the parser is built. Why not tyro: Beam builds its options parser
-itself and only asks each `PipelineOptions` class to add arguments to it, and the flat
-names the refusal table, the docs and the Dataflow job use stay as they are.
+Flags are flat (`--eps_low`, not `--learner.loss.eps_low`): a section's fields join the
+tree's flags under its `prefix` ("" by default); a name used twice in one tree is refused.
+A `shared` section is set once for every section of its type the tree holds. Not tyro: Beam
+builds its options parser itself and only asks each options class to add arguments to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -31,16 +30,16 @@ from typing import Any
 from core.config_checks import (
     _BOUNDS,
     _CHOICES,
-    _COMPARE,
     _HELP,
     _MATCHES,
     _SECTION,
+    _SHARED,
     KnobError,
     check_fields,
     configclass,
 )
 
-_FLAG, _PREFIX, _HIDE, _REPEAT = "flag", "prefix", "hide", "repeat"
+_FLAG, _PREFIX, _HIDE, _REPEAT, _WIRING, _LAUNCHED = "flag", "prefix", "hide", "repeat", "wiring", "launched"
 __all__ = ["KnobError", "build", "check_fields", "configclass", "derived", "knob", "parse", "section", "to_argv"]
 
 
@@ -56,6 +55,7 @@ def knob(
     le=None,
     lt=None,
     matches: tuple[str, str] | None = None,
+    wiring: bool = False,
     **kw,
 ):
     """A config field that is a flag: its one default and its help text. `flag=False` for a
@@ -64,7 +64,8 @@ def knob(
     for items that may hold commas. `choices`, the bounds (`ge`, `gt`, `le`, `lt`) and
     `matches=(regex, "what it is")` (for a tuple: of each item), with the field's type, are
     checked by `check_fields` whenever the config is built, whatever builds it (a
-    `@configclass` calls it first)."""
+    `@configclass` calls it first). `wiring=True`: where the process connects (a topic, a
+    store, a path): whoever launches it sets that, so a `launched` section offers no flag."""
     bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
     metadata = {_HELP: help, _FLAG: flag, _CHOICES: tuple(choices) if choices is not None else None}
     if bounds:
@@ -73,6 +74,8 @@ def knob(
         metadata[_MATCHES] = (re.compile(matches[0]), matches[1])
     if repeat:
         metadata[_REPEAT] = True
+    if wiring:
+        metadata[_WIRING] = True
     if isinstance(default, (list, dict, set)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata, **kw)
@@ -84,11 +87,14 @@ def derived(default: Any = dataclasses.MISSING, help: str = "", **checks):
     return knob(default, help, flag=False, **checks)
 
 
-def section(factory, prefix: str = "", help: str = "", hide: tuple[str, ...] = ()):
+def section(factory, prefix="", help="", hide: tuple[str, ...] = (), *, shared=False, launched=False):
     """A nested config: its flags join the tree's, each under `prefix`. The factory's
     instance gives the section's defaults (a preset: the demo's learner is not the bare
-    learner). `hide` names flags of the section that the holder sets itself (no flag)."""
-    meta = {_SECTION: True, _PREFIX: prefix, _HELP: help, _HIDE: tuple(hide)}
+    learner). `hide` names flags of the section that the holder sets itself (no flag).
+    `shared=True`: the tree's one value of this type; every section of the type inside the
+    tree's other sections takes it and has no flags (the demo's `--model` reaches each process).
+    `launched=True`: a process the holder starts and wires; its `wiring` knobs have no flags."""
+    meta = {_SECTION: True, _PREFIX: prefix, _HELP: help, _HIDE: tuple(hide), _SHARED: shared, _LAUNCHED: launched}
     return dataclasses.field(default_factory=factory, metadata=meta)
 
 
@@ -127,14 +133,18 @@ def _base_type(tp):
 def leaves(cls, prefix: str = "", path: tuple[str, ...] = (), section_name: str = "", base=None) -> Iterator[Leaf]:
     """Every flag of the tree rooted at dataclass `cls`, depth first, in field order. Defaults
     are the fields' own, or those of `base` (an instance: a section's preset) when given."""
-    yield from _leaves(cls, prefix, path, section_name, base, ())
+    yield from _leaves(cls, prefix, path, section_name, base, (), frozenset(), False)
 
 
-def _leaves(cls, prefix, path, section_name, base, hides) -> Iterator[Leaf]:
-    """`hides`: (prefix, names) per enclosing section that hides some of its flags; a name
-    is the flag as seen from that section (its own sections' prefixes included)."""
+def _leaves(cls, prefix, path, section_name, base, hides, shared, launched) -> Iterator[Leaf]:
+    """`hides`: (prefix, names) per enclosing section that hides some of its flags, as seen
+    from it; `shared`: the section types an enclosing tree sets for all it holds;
+    `launched`: inside a process the tree launches (its wiring is not a flag)."""
     hints = _hints(cls)
+    own_shared = {hints[f.name] for f in dataclasses.fields(cls) if f.metadata.get(_SHARED)}
     for f in dataclasses.fields(cls):
+        if f.metadata.get(_SECTION) and hints[f.name] in shared:
+            continue  # the holder's shared section sets it
         if f.metadata.get(_SECTION):
             sub_base = getattr(base, f.name) if base is not None else f.default_factory()
             sub_prefix = prefix + f.metadata.get(_PREFIX, "")
@@ -145,10 +155,12 @@ def _leaves(cls, prefix, path, section_name, base, hides) -> Iterator[Leaf]:
                 section_name or f.name,
                 sub_base,
                 (*hides, (sub_prefix, frozenset(f.metadata.get(_HIDE, ())))),
+                shared if f.metadata.get(_SHARED) else shared | own_shared,
+                launched or f.metadata.get(_LAUNCHED, False),
             )
             continue
         flag = f.metadata.get(_FLAG, True)
-        if flag is False or not f.init:
+        if flag is False or not f.init or (launched and f.metadata.get(_WIRING)):
             continue
         name = flag if isinstance(flag, str) else f.name
         full = prefix + name
@@ -269,12 +281,11 @@ class _Repeat(argparse.Action):
 
 
 def from_namespace(cls, ns, prefix: str = "", base=None):
-    """The tree of `cls` from parsed flags (an argparse Namespace, a Beam options view or a
-    dict by dest). Flags absent from `ns` keep their default (or `base`'s value). Each
-    section is built bottom up, so every `__post_init__` check runs. Text values of fields
-    that are not text parse as on the command line (Beam keeps some flags as text). A class
-    with a `derive_section(name, built)` classmethod fills its sections' derived fields
-    from the sections built before them, so a section is checked once, with its real values."""
+    """The tree of `cls` from parsed flags (a Namespace, a Beam options view or a dict by
+    dest); absent flags keep their default (or `base`'s). Sections are built bottom up, so
+    every check runs; text values parse as on the command line (Beam keeps some as text).
+    A class's `derive_section(name, built)` fills a section's derived fields from those
+    built before it, so a section is checked once, with its real values."""
     values = vars(ns) if not isinstance(ns, dict) else ns
     return _build(cls, values, prefix, (), base)
 
@@ -311,8 +322,7 @@ def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base, fill=Non
 
 
 def build(cls, base=None, **by_flag):
-    """A tree of `cls` from values named by flag (`build(PlanConfig, group_size=8)`); the
-    rest keep their defaults. Refuses a name that is not a flag of `cls`."""
+    """A tree of `cls` from values named by flag (`build(PlanConfig, group_size=8)`); refuses a non-flag."""
     dests = {leaf.flag: leaf.dest for leaf in leaves(cls, base=base)}
     unknown = sorted(set(by_flag) - set(dests))
     if unknown:
@@ -321,8 +331,7 @@ def build(cls, base=None, **by_flag):
 
 
 def parse(cls, argv: list[str] | None, description: str = "", prog: str | None = None, base=None):
-    """Parses `argv` into a tree of `cls` (defaults: the fields', or `base`'s values); a
-    refused setting exits with argparse's error, naming the setting."""
+    """`argv` as a tree of `cls` (defaults: the fields' or `base`'s); a refusal exits, naming it."""
     parser = make_parser(cls, description, prog, base)
     ns = parser.parse_args(argv)
     try:
@@ -340,9 +349,7 @@ def make_parser(cls, description: str = "", prog: str | None = None, base=None) 
 
 
 def get(tree, path: tuple[str, ...]):
-    for name in path:
-        tree = getattr(tree, name)
-    return tree
+    return functools.reduce(getattr, path, tree)
 
 
 def to_argv(tree, prefix: str = "", *, only_changed: bool = True, base=None) -> list[str]:
@@ -382,18 +389,3 @@ def _replace_path(tree, path: tuple[str, ...], value):
     if len(path) == 1:
         return dataclasses.replace(tree, **{path[0]: value})
     return dataclasses.replace(tree, **{path[0]: _replace_path(getattr(tree, path[0]), path[1:], value)})
-
-
-def markdown_table(cls, title: str, command: str) -> str:
-    """One section of docs/CONFIG.md: every flag of `cls`, its type, default and doc."""
-    lines = [f"## {title}", "", f"`{command}`", "", "| flag | type | default | what it sets |", "|---|---|---|---|"]
-    for leaf in leaves(cls):
-        tname = _type_name(leaf.type)
-        if leaf.choices:
-            tname = " \\| ".join(map(str, leaf.choices))
-        tname += "".join(f", {_COMPARE[op][1]} {bound}" for op, bound in leaf.bounds)
-        default = "required" if leaf.default is dataclasses.MISSING else f"`{_format_value(leaf.default)}`"
-        if leaf.default is None or leaf.default in ((), {}, ""):
-            default = "unset" if leaf.default is None else "empty"
-        lines.append(f"| `--{leaf.flag}` | {tname} | {default} | {leaf.help.replace('|', '/')} |")
-    return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ import types
 import typing
 
 _HELP, _SECTION, _CHOICES, _BOUNDS, _MATCHES, _FLAG = "help", "section", "choices", "bounds", "matches", "flag"
+_SHARED = "shared"
 _COMPARE = {
     "ge": (lambda v, b: v >= b, ">="),
     "gt": (lambda v, b: v > b, ">"),
@@ -23,7 +24,8 @@ _COMPARE = {
 
 def configclass(cls=None, /, **dataclass_kw):
     """`@dataclasses.dataclass(frozen=True)` whose construction first checks every knob's
-    type, choices and bounds (`check_fields`), then runs the class's own `__post_init__`
+    type, choices and bounds (`check_fields`), then hands its shared sections to the
+    sections it holds (`share_sections`), then runs the class's own `__post_init__`
     (cross-field rules only). Any construction path: flags, `build`, a direct call,
     `dataclasses.replace`."""
 
@@ -32,6 +34,7 @@ def configclass(cls=None, /, **dataclass_kw):
 
         def __post_init__(self):
             check_fields(self)
+            share_sections(self)
             if own is not None:
                 own(self)
 
@@ -103,3 +106,34 @@ def _check_value(f, kind, item, whole) -> None:
         holds, sign = _COMPARE[op]
         if not holds(item, bound):
             raise KnobError(_flag(f), f"must be {sign} {bound}, got {whole!r}")
+
+
+def share_sections(obj) -> None:
+    """A section declared `shared` is the one value of its type in the whole tree: every
+    section of that type inside `obj`'s other sections (at any depth) is replaced by it,
+    so a holder (the demo) sets the model, the environment or the layout once for every
+    process it holds. Replacing rebuilds each tree on the way, so its own checks and
+    derived fields see the shared value."""
+    shared = {
+        type(getattr(obj, f.name)): getattr(obj, f.name) for f in dataclasses.fields(obj) if f.metadata.get(_SHARED)
+    }
+    if not shared:
+        return
+    for f in dataclasses.fields(obj):
+        if f.metadata.get(_SECTION) and not f.metadata.get(_SHARED):
+            held = getattr(obj, f.name)
+            if (given := _given(held, shared)) is not held:
+                object.__setattr__(obj, f.name, given)
+
+
+def _given(tree, shared: dict):
+    changes = {}
+    for f in dataclasses.fields(tree):
+        if not f.metadata.get(_SECTION):
+            continue
+        value = getattr(tree, f.name)
+        new = shared.get(type(value), None)
+        new = _given(value, shared) if new is None else new
+        if new is not value and new != value:
+            changes[f.name] = new
+    return dataclasses.replace(tree, **changes) if changes else tree

@@ -30,10 +30,12 @@ REQUIRED_IO = ("requests_subscription", "records_topic", "policy_root")
 
 @configclass
 class RolloutIOConfig:
-    requests_subscription: str | None = knob(None, "projects/P/subscriptions/S carrying rollout requests")
-    records_topic: str | None = knob(None, "projects/P/topics/T for packed records")
-    dead_letter_topic: str | None = knob(None, "projects/P/topics/T for unrunnable requests (unset: logged)")
-    policy_root: str | None = knob(None, "policy store root: a directory or gs://…")
+    requests_subscription: str | None = knob(None, "projects/P/subscriptions/S carrying rollout requests", wiring=True)
+    records_topic: str | None = knob(None, "projects/P/topics/T for packed records", wiring=True)
+    dead_letter_topic: str | None = knob(
+        None, "projects/P/topics/T for unrunnable requests (unset: logged)", wiring=True
+    )
+    policy_root: str | None = knob(None, "policy store root: a directory or gs://…", wiring=True)
 
     @property
     def missing(self) -> list[str]:

@@ -7,11 +7,10 @@ as a plain frozen dataclass.
 
 from __future__ import annotations
 
-from core.config import configclass, derived, knob
+from core.config import configclass, derived, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
-from core.policy.config import MODEL_CONFIGS
-from core.policy.sources import MODEL_HELP
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
+from core.sections import ModelChoice, TelemetryDirs
 from rollout.episodes import EpisodeLimits
 
 
@@ -22,8 +21,7 @@ class EngineConfig:
     the record layout)."""
 
     policy_root: str | None = derived(None, "the policy store; from the job's --policy_root")
-    model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
-    model: str | None = knob(None, MODEL_HELP)
+    model: ModelChoice = section(ModelChoice, help="the policy model (the learner's)")
     slots: int = knob(64, "KV-cache slots of the per-process inference engine", flag="engine_slots", ge=1)
     prefill: int = knob(
         16,
@@ -81,10 +79,7 @@ class EngineConfig:
     advantage_estimator: str = knob(
         "grpo", "group-relative advantages, computed once a group is complete", choices=sorted(ADVANTAGE_ESTIMATORS)
     )
-    logdir: str | None = knob(
-        None, "each worker writes rollout/... scalars here (TensorBoard + JSONL), one run per process"
-    )
-    trace_dir: str | None = knob(None, "each worker writes its timeline spans here (off when unset)")
+    telemetry: TelemetryDirs = section(TelemetryDirs, help="each worker's rollout/... scalars and spans")
     telemetry_every_s: float = knob(2.0, "telemetry row interval", gt=0)
 
     def __post_init__(self):

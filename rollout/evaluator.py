@@ -28,14 +28,14 @@ from pathlib import Path
 
 import environments
 from core import config
-from core.config import configclass, knob
+from core.config import configclass, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.store import PolicyStore, StoreError
 from core.policy.chat_format import chat_format_for
-from core.policy.config import MODEL_CONFIGS
 from core.policy.sampling import Sampler
-from core.policy.sources import MODEL_HELP, policy_spec
+from core.policy.sources import policy_spec
 from core.policy.versions import VersionLoader, base_params
+from core.sections import EnvChoice, ModelChoice, TelemetryDirs
 from core.telemetry import scalars, trace
 from rollout.episodes import EpisodeLimits
 from rollout.scoring import MODES, evaluate
@@ -47,13 +47,13 @@ log = logging.getLogger("evaluator")
 class EvaluatorConfig:
     """The evaluator's flags; checked where they are used (`run`), before any model is built."""
 
-    policy_root: str = knob(help="policy store root: a directory or gs://…")
-    out: str = knob(help="JSONL file, one row per (version, mode)")
-    env: str = knob("calculator", "the environment whose test split is scored")
-    env_config: dict = knob({}, "JSON; tool latency is off unless given")
+    policy_root: str = knob(help="policy store root: a directory or gs://…", wiring=True)
+    out: str = knob(help="JSONL file, one row per (version, mode)", wiring=True)
+    # Scoring measures success, not time: no simulated tool latency unless --env_config has one.
+    env: EnvChoice = section(EnvChoice, help="the environment whose test split is scored", hide=("tool_latency",))
     n: int = knob(256, "held-out tasks per evaluation (the demo: 0 turns evaluation off)", ge=0)
     task_seed: int = knob(0, "seed of the held-out tasks")
-    data_dir: str | None = knob(None, "read the test split from the environment's TFDS dataset")
+    data_dir: str | None = knob(None, "read the test split from the environment's TFDS dataset", wiring=True)
     modes: str = knob(",".join(MODES), f"comma-separated, from {MODES}")
     greedy_at: str = knob(
         "every",
@@ -61,8 +61,7 @@ class EvaluatorConfig:
         "(--stop_file's), which spares a slow model's run half of its evaluation",
         choices=("every", "ends"),
     )
-    model_config: str = knob("tiny", "policy model size", choices=sorted(MODEL_CONFIGS))
-    model: str | None = knob(None, MODEL_HELP)
+    model: ModelChoice = section(ModelChoice, help="the policy model (the learner's)")
     max_tokens: int = knob(DEFAULT_MAX_TRAJECTORY_LEN, "episode length cap (the layout's max_trajectory_len)", ge=1)
     max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate", ge=1)
     slots: int = knob(64, "episodes decoded at once", ge=1)
@@ -72,12 +71,11 @@ class EvaluatorConfig:
         120.0, "an episode longer than this (wall clock) ends as timeout: raise it for a slow model on many slots"
     )
     poll_s: float = knob(1.0, "how often the store is looked at for a new version", gt=0)
-    stop_file: str | None = knob(None, "holds the final version once the learner is done")
+    stop_file: str | None = knob(None, "holds the final version once the learner is done", wiring=True)
     timeout_s: float = knob(3600.0, "give up (exit 1) after this long", gt=0)
     seed: int = knob(0, "sampling seed")
     nice: int = knob(0, "lower this process's CPU priority (shared machines)")
-    logdir: str | None = knob(None, "eval/... scalars (TensorBoard + JSONL) under <logdir>/evaluator")
-    trace_dir: str | None = knob(None, "the evaluator's timeline spans (off when unset)")
+    telemetry: TelemetryDirs = section(TelemetryDirs, help="eval/... scalars and spans")
 
 
 def parse_args(argv=None) -> EvaluatorConfig:
@@ -86,14 +84,15 @@ def parse_args(argv=None) -> EvaluatorConfig:
 
 def held_out_tasks(args) -> list:
     environments.load_entry_points()
-    if args.env not in environments.names():
-        raise ValueError(f"unknown environment {args.env!r} (--env); known: {environments.names()}")
+    env, env_config = args.env.name, args.env.config
+    if env not in environments.names():
+        raise ValueError(f"unknown environment {env!r} (--env); known: {environments.names()}")
     if not args.data_dir:
-        return environments.make_tasks(args.env, args.task_seed, args.n, "test", args.env_config)
+        return environments.make_tasks(env, args.task_seed, args.n, "test", env_config)
     from environments import datasets
 
-    datasets.build(args.env, args.data_dir, seed=args.task_seed, env_config=args.env_config)
-    tasks = list(datasets.load_tasks(args.env, "test", args.data_dir))
+    datasets.build(env, args.data_dir, seed=args.task_seed, env_config=env_config)
+    tasks = list(datasets.load_tasks(env, "test", args.data_dir))
     if len(tasks) < args.n:
         raise SystemExit(f"--n={args.n} but the test split in {args.data_dir} holds {len(tasks)} tasks")
     return tasks[: args.n]
@@ -107,7 +106,10 @@ def final_version(stop_file: str | None) -> int | None:
 
 
 def run(args: EvaluatorConfig) -> list[dict]:
-    writer, tracer = scalars.make_writer(args.logdir, "evaluator"), trace.make_tracer(args.trace_dir, "evaluator")
+    writer, tracer = (
+        scalars.make_writer(args.telemetry.logdir, "evaluator"),
+        trace.make_tracer(args.telemetry.trace_dir, "evaluator"),
+    )
     try:
         return _run(args, writer, tracer)
     finally:
@@ -121,7 +123,7 @@ def _run(args, writer, tracer) -> list[dict]:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         raise SystemExit(f"--modes must name some of {MODES}, got {args.modes!r}")
-    spec = policy_spec(args.model, args.model_config)
+    spec = policy_spec(args.model.checkpoint, args.model.builtin)
     tasks = held_out_tasks(args)
     limits = EpisodeLimits(
         max_new_tokens_per_turn=args.max_new_tokens_per_turn,
@@ -178,7 +180,7 @@ def _run(args, writer, tracer) -> list[dict]:
             }
             with tracer.span("evaluate", "evaluator", version=version, mode=mode) as span:
                 sampler.greedy = mode == "greedy"
-                row.update(evaluate(params, sampler, args.env, tasks, limits, args.env_config, fmt))
+                row.update(evaluate(params, sampler, args.env.name, tasks, limits, args.env.config, fmt))
                 span.args["success"] = row["success"]
             rows.append(row)
             scored.setdefault(version, set()).add(mode)

@@ -32,11 +32,11 @@ class RolloutWorker:
         environments.load_entry_points()  # environments from installed plugin packages
         self.cfg, self.limits = cfg, cfg.limits
         # The process's telemetry and tracer, found by the DoFns through current().
-        self.telemetry = install(make_telemetry(cfg.logdir, cfg.trace_dir, cfg.telemetry_every_s))
+        self.telemetry = install(make_telemetry(cfg.telemetry.logdir, cfg.telemetry.trace_dir, cfg.telemetry_every_s))
         self.tracer = trace.install(self.telemetry.tracer)
         self.groups_in_flight = self.episodes_in_flight = self.groups_queued = 0
         self._group_slots: asyncio.Semaphore | None = None  # made on the episodes' event loop
-        spec = policy_spec(cfg.model, cfg.model_config)  # the learner's --model: same config and tokenizer
+        spec = policy_spec(cfg.model.checkpoint, cfg.model.builtin)  # the learner's --model: same config and tokenizer
         self.sampler = Sampler(
             spec.cfg, cfg.slots, cfg.max_tokens, prefill=cfg.prefill, prefill_slots=cfg.prefill_slots, seed=cfg.seed
         )

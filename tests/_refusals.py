@@ -238,7 +238,7 @@ def _environment(argv, events):
     with contextlib.suppress(Reached):
         _learner(argv, events)
     args = task.parse_args(argv)
-    environments.make(args.env, **args.env_config)
+    environments.make(args.env.name, **args.env.settings)
 
 
 START = {

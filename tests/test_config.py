@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core import config
+from core import config, config_table
 from core.config import derived, knob, section
 
 
@@ -106,7 +106,7 @@ def test_parse_onto_a_base_keeps_its_values():
 
 
 def test_markdown_table_lists_every_flag_with_its_doc():
-    table = config.markdown_table(Outer, "Outer", "agentic-rl outer")
+    table = config_table.markdown_table(Outer, "Outer", "agentic-rl outer")
     for leaf in config.leaves(Outer):
         assert f"`--{leaf.flag}`" in table and leaf.help in table
     assert "| `--topic` | str | required |" in table

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from core import config
+from core import config, config_table
 from core.config import configclass, knob
 
 
@@ -64,7 +64,7 @@ def test_good_values_pass_and_flags_parse_to_the_same_tree():
 
 
 def test_the_docs_say_the_bounds():
-    table = config.markdown_table(Sample, "Sample", "sample")
+    table = config_table.markdown_table(Sample, "Sample", "sample")
     assert "| `--n` | int, >= 1 |" in table and "| `--share` | float, > 0, <= 1 |" in table
 
 

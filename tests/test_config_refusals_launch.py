@@ -43,7 +43,7 @@ TABLE: list[Row] = [
         "no cores to pin the rollout side to", "rollout_cpus", "--rollout_cpus must be comma-separated core numbers"),
     row(DEMO, "--env_config", ("--env=guess", '--env_config={"colour": 1}'), "not a setting of the --env",
         "every process would refuse it after the warm start began", "--env_config",
-        "--env_config {'colour': 1} is not a setting of --env guess"),
+        "GuessConfig.__init__() got an unexpected keyword argument 'colour' (--env 'guess', --env_config"),
     row(DEMO, "--max_new_tokens_per_turn", "--max_new_tokens_per_turn=0", "< 1", "a model turn that writes nothing",
         "max_new_tokens_per_turn", "max_new_tokens_per_turn must be >= 1"),
     # ---- the Vertex AI launcher: python -m trainer.cloud.vertex ---------------------

@@ -18,7 +18,6 @@ from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
     ("bad", "field"),
     [
         (dict(policy_root=""), "policy_root"),
-        (dict(model_config="huge"), "model_config"),
         (dict(slots=0), "slots"),
         (dict(slots=2.0), "slots"),
         (dict(max_concurrent_groups=-1), "max_concurrent_groups"),

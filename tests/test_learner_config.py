@@ -10,6 +10,7 @@ import pytest
 from core import config
 from core.contracts.record_shape import LayoutConfig, RecordShape
 from core.contracts.run_summary import Accounting, RunSummary, SchemaError, SyncRounds
+from core.sections import EnvChoice
 from localstack.launch.plan import PlanConfig
 from localstack.reports.reconcile import Reconciliation
 from localstack.reports.summary import DemoSummary
@@ -25,10 +26,15 @@ REQUIRED = {"requests_topic": "projects/p/topics/r", "records_subscription": "pr
 
 
 def _field_default(cls, path):
-    """The default of the field at `path`, read from the dataclasses themselves."""
+    """The default of the field at `path`, read from the dataclasses themselves (inside a
+    section: its factory's instance, a preset)."""
+    preset = None
     for name in path[:-1]:
-        cls = next(f for f in dataclasses.fields(cls) if f.name == name).default_factory
+        preset = next(f for f in dataclasses.fields(cls) if f.name == name).default_factory()
+        cls = type(preset)
     f = next(f for f in dataclasses.fields(cls) if f.name == path[-1])
+    if preset is not None:
+        return getattr(preset, f.name)
     if f.default is not dataclasses.MISSING or f.default_factory is dataclasses.MISSING:
         return f.default
     return f.default_factory()
@@ -52,6 +58,7 @@ def test_the_learner_keeps_its_flag_names():
     flags = {leaf.flag for leaf in config.leaves(LearnerJobConfig)}
     warm = {"warmstart_" + n for n in ("steps", "batch", "lr", "schedule", "warmup", "direct_at", "tasks")}
     assert warm | {"warmstart_direct_frac", "ack_extend_every_s", "loss", "sync", "env_config", "buckets"} <= flags
+    assert "tool_latency" in flags
     assert LearnerConfig().batch_records == PlanConfig().batch_records  # one default, not 2 here and 4 there
 
 
@@ -60,7 +67,7 @@ def _changed_learner() -> LearnerJobConfig:
         **REQUIRED,
         max_steps=7,
         sync=True,
-        env_config={"tool_latency": "fixed:0.1"},
+        env=EnvChoice(tool_latency="fixed:0.1"),
         mesh="data=1",
         publish_bf16=True,
         layout=LayoutConfig(rows=2, buckets=(64, 128), max_segments_per_row=2),
@@ -99,7 +106,7 @@ def test_vertex_env_gives_defaults_the_command_line_overrides(monkeypatch):
     monkeypatch.setenv("AIP_TENSORBOARD_LOG_DIR", "gs://b/logs")
     argv = ["--requests_topic=t", "--records_subscription=s", "--logdir=/here"]
     cfg = task.parse_config(argv)
-    assert cfg.policy_root == "gs://b/model" and cfg.logdir == "/here" and cfg.checkpoint_dir is None
+    assert cfg.policy_root == "gs://b/model" and cfg.telemetry.logdir == "/here" and cfg.checkpoint_dir is None
 
 
 def _summary() -> RunSummary:

@@ -19,23 +19,23 @@ from trainer.learning.warmstart import oracle_transcript
 
 def test_env_selects_its_recipe_and_flags_override_it():
     code = parse_args(["--env", "code"])
-    assert code.max_new_tokens_per_turn == 96 and code.env_config == {"max_turns": 2}
-    assert (code.warmstart_steps, code.batch_records, code.learner.learner.lr_warmup_steps) == (400, 8, 10)
-    assert (code.warmstart_direct_frac, code.learner.learner.lr_decay, code.learner.learner.learning_rate) == (
+    assert code.max_new_tokens_per_turn == 96 and code.env.config == {"max_turns": 2}
+    assert (code.warmstart.steps, code.batch_records, code.learner.learner.lr_warmup_steps) == (400, 8, 10)
+    assert (code.warmstart.direct_frac, code.learner.learner.lr_decay, code.learner.learner.learning_rate) == (
         0.5,
         0.9,
         6e-4,
     )
     mine = parse_args(["--env=code", "--warmstart_steps=7", "--max_new_tokens_per_turn", "80", "--batch_records=6"])
-    assert (mine.warmstart_steps, mine.max_new_tokens_per_turn, mine.env_config) == (7, 80, {"max_turns": 2})
+    assert (mine.warmstart.steps, mine.max_new_tokens_per_turn, mine.env.config) == (7, 80, {"max_turns": 2})
     assert mine.batch_records == 6 and mine.learner.learner.loss.aggregation == "seq-mean-token-mean"
     assert parse_args([]) == config.build(DemoConfig)  # the calculator's recipe is the defaults
-    assert parse_args(["--env", "guess"]).env_config == {"high": 31, "max_turns": 5, "reply_window": True}
+    assert parse_args(["--env", "guess"]).env.config == {"high": 31, "max_turns": 5, "reply_window": True}
 
 
 def test_an_environment_without_a_recipe_gets_the_defaults():
     cfg = parse_args(["--env", "no-such-plugin"])
-    assert cfg.env == "no-such-plugin" and cfg.warmstart_steps == DemoConfig.warmstart_steps
+    assert cfg.env.name == "no-such-plugin" and cfg.warmstart == config.build(DemoConfig).warmstart
     assert env_of(["--max_steps", "3"]) is None and env_of(["--env", "guess", "--x"]) == "guess"
 
 
@@ -44,12 +44,13 @@ def test_every_process_gets_the_recipes_settings(env, tmp_path):
     cfg = parse_args(["--env", env])
     topics = subs = {"requests": "t/r", "records": "t/p", "dead": "t/d"}
     learner = demo.learner_config(cfg, tmp_path, topics, subs, tmp_path / "store", None)
-    assert learner.env == env and learner.env_config == {**cfg.env_config, "tool_latency": cfg.tool_latency}
-    assert learner.warmstart.steps == cfg.warmstart_steps
+    assert learner.env == cfg.env and learner.env.settings == {**cfg.env.config, "tool_latency": "fixed:0.5"}
+    assert learner.warmstart.steps == cfg.warmstart.steps
     rollout = demo.rollout_config(cfg, tmp_path, topics, subs, tmp_path / "store", None)
     assert rollout.engine.max_new_tokens_per_turn == cfg.max_new_tokens_per_turn
     evaluator = demo.evaluator_config(cfg, tmp_path, tmp_path / "store")
-    assert evaluator.env_config == cfg.env_config  # the held-out tasks of the recipe, no latency
+    assert evaluator.env.config == cfg.env.config  # the held-out tasks of the recipe, no latency
+    assert "--tool_latency" not in " ".join(config.to_argv(evaluator))
     assert evaluator.max_new_tokens_per_turn == cfg.max_new_tokens_per_turn
 
 
@@ -66,11 +67,11 @@ def test_the_oracle_wins_every_task_within_the_recipes_limits(env):
     """What made code and guess unlearnable: code's tool calls were longer than a turn
     (so every one was cut into a malformed call) and guess's games longer than an episode."""
     cfg = parse_args(["--env", env])
-    settings = {**cfg.env_config, "tool_latency": "none"}
+    settings = {**cfg.env.config, "tool_latency": "none"}
     room = cfg.layout.layout.trajectory_len
     fmt = chat_format_for(BYTE_TOKENIZER)
     for task in environments.make_tasks(env, 3, 24, "test", settings):
-        t = asyncio.run(oracle_transcript(env, task, fmt=fmt, env_config=cfg.env_config))
+        t = asyncio.run(oracle_transcript(env, task, fmt=fmt, env_config=cfg.env.config))
         assert _longest_action(t.loss_mask) <= cfg.max_new_tokens_per_turn, (env, task.prompt)
         assert len(t.tokens) <= room, (env, task.prompt, len(t.tokens))
         assert t.reward == 1.0, (env, task.prompt)
@@ -87,17 +88,17 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
 
     real = parse_args(["--model", "/ckpt/SmolLM2"])
     byte = parse_args([])
-    assert real.model == "/ckpt/SmolLM2" and byte.model is None
-    assert (real.warmstart_steps, real.warmstart_batch, real.learner.warmstart.learning_rate) == (32, 4, 3e-4)
+    assert real.model.checkpoint == "/ckpt/SmolLM2" and byte.model.checkpoint is None
+    assert (real.warmstart.steps, real.warmstart.batch_rows, real.learner.warmstart.learning_rate) == (32, 4, 3e-4)
     assert (real.max_new_tokens_per_turn, real.batch_records, real.publish_every, real.plan) == (48, 2, 1, "off")
     assert real.learner.learner.learning_rate == 5e-5 != byte.learner.learner.learning_rate
     assert byte == config.build(DemoConfig)  # no --model: the byte recipe alone
     mine = parse_args(["--model=/ckpt/SmolLM2", "--warmstart_steps=3", "--learner.learning_rate=0", "--plan", "auto"])
-    assert (mine.warmstart_steps, mine.learner.learner.learning_rate, mine.plan) == (3, 0.0, "auto")
-    assert mine.warmstart_batch == 4  # the rest of the recipe stays
+    assert (mine.warmstart.steps, mine.learner.learner.learning_rate, mine.plan) == (3, 0.0, "auto")
+    assert mine.warmstart.batch_rows == 4  # the rest of the recipe stays
     # The environment's own settings stay under the checkpoint's: guess keeps its game.
     guess = parse_args(["--env", "guess", "--model", "/ckpt/SmolLM2"])
-    assert guess.env_config == RECIPES_ENV_CONFIG_GUESS and guess.warmstart_steps == 32
+    assert guess.env.config == RECIPES_ENV_CONFIG_GUESS and guess.warmstart.steps == 32
     assert all(flag.startswith("--") for flag in COMMON)
 
 

@@ -14,8 +14,7 @@ import dataclasses
 
 from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
-from core.policy.config import MODEL_CONFIGS
-from core.policy.sources import MODEL_HELP
+from core.sections import EnvChoice, ModelChoice, TelemetryDirs
 from trainer.learning.deliveries import DeliveryConfig
 from trainer.learning.feeder import CreditConfig
 from trainer.learning.learner import LearnerConfig
@@ -49,12 +48,13 @@ def parse_mesh(text: str | None) -> tuple[int, int] | None:
 class LearnerJobConfig:
     """Everything the learner job reads from its command line."""
 
-    requests_topic: str = knob(help="Pub/Sub topic the feeder publishes rollout requests to")
-    records_subscription: str = knob(help="Pub/Sub subscription the packed records arrive on")
-    policy_root: str = knob(help="the policy store (a dir or gs://...); on Vertex AI: AIP_MODEL_DIR")
-    dead_letter_topic: str | None = knob(None, "where malformed records go (unset: dropped with a log line)")
-    model_config: str = knob("tiny", "the policy model's size", choices=sorted(MODEL_CONFIGS))
-    model: str | None = knob(None, MODEL_HELP)
+    requests_topic: str = knob(help="Pub/Sub topic the feeder publishes rollout requests to", wiring=True)
+    records_subscription: str = knob(help="Pub/Sub subscription the packed records arrive on", wiring=True)
+    policy_root: str = knob(help="the policy store (a dir or gs://...); on Vertex AI: AIP_MODEL_DIR", wiring=True)
+    dead_letter_topic: str | None = knob(
+        None, "where malformed records go (unset: dropped with a log line)", wiring=True
+    )
+    model: ModelChoice = section(ModelChoice, help="the policy model")
     max_steps: int = knob(20, "learner steps, then stop")
     timeout_s: float = knob(600.0, "give up (exit 1) after this long")
     mesh: str | None = knob(None, "device mesh, e.g. data=4,model=2 (unset: one device)")
@@ -66,11 +66,10 @@ class LearnerJobConfig:
     sync_round_timeout_s: float = knob(
         300.0, "a round whose trajectories are not all back by then trains on what came (counted as lost)"
     )
-    env: str = knob("calculator", "the environment (any registered name)")
-    env_config: dict = knob({}, 'the environment\'s settings, JSON, e.g. {"tool_latency": "fixed:0.1"}')
+    env: EnvChoice = section(EnvChoice, help="the environment the requests name")
     task_seed: int = knob(0, "seed of the generated prompts")
     data_dir: str | None = knob(
-        None, "read prompts from the environment's TFDS dataset here (built locally if missing)"
+        None, "read prompts from the environment's TFDS dataset here (built locally if missing)", wiring=True
     )
     init_policy: str | None = knob(
         None, "start from the newest version in this policy store (a dir or gs://...) instead of a warm start"
@@ -79,7 +78,9 @@ class LearnerJobConfig:
         False, "accept an --init_policy version published before checksum manifests, loading it unverified"
     )
     plan: str | None = knob(
-        None, "a localstack.launch.plan JSON: warn at start if the credit window cannot reach its duty cycle"
+        None,
+        "a localstack.launch.plan JSON: warn at start if the credit window cannot reach its duty cycle",
+        wiring=True,
     )
     peak_tflops: float | None = knob(
         None, "the accelerator's peak, for model-FLOPs utilisation (e.g. 197 per v5e chip)"
@@ -90,17 +91,13 @@ class LearnerJobConfig:
         None,
         "learner checkpoints (a dir or gs://...), saved at every policy publish; a restarted learner resumes "
         "from the newest (on Vertex AI: AIP_CHECKPOINT_DIR)",
+        wiring=True,
     )
     checkpoint_unverified: bool = knob(
         False, "resume from a checkpoint written before checksum manifests, restoring it unverified"
     )
-    summary_path: str | None = knob(None, "also write the run summary here as JSON")
-    logdir: str | None = knob(
-        None,
-        "per-step scalars: TensorBoard event files and metrics.jsonl under <logdir>/learner "
-        "(on Vertex AI: AIP_TENSORBOARD_LOG_DIR; unset: not written)",
-    )
-    trace_dir: str | None = knob(None, "the learner's timeline spans (Perfetto); unset: off")
+    summary_path: str | None = knob(None, "also write the run summary here as JSON", wiring=True)
+    telemetry: TelemetryDirs = section(TelemetryDirs, help="per-step scalars and the timeline")
     layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same on both sides")
     learner: LearnerConfig = section(LearnerConfig, help="the train step and its loss")
     staleness: StalenessConfig = section(StalenessConfig, help="how stale a record may be")

@@ -49,25 +49,25 @@ def run(cfg: LearnerJobConfig) -> RunSummary | None:
     builder.check_settings(cfg)  # the environment, before anything starts
     mesh = builder.make_mesh_from_flag(cfg.mesh)  # a mesh the devices cannot form: refused here
     builder.check_resources(cfg)  # wrong Pub/Sub names, a missing bucket: named now, not retried
-    tracer = builder.make_tracer(cfg.trace_dir)
+    tracer = builder.make_tracer(cfg.telemetry.trace_dir)
     learner = builder.make_learner(cfg, mesh)
-    tasks = builder.load_prompts(cfg.env, cfg.task_seed, cfg.data_dir, cfg.env_config)
+    tasks = builder.load_prompts(cfg.env.name, cfg.task_seed, cfg.data_dir, cfg.env.settings)
     checkpointer = builder.make_checkpointer(cfg.checkpoint_dir, cfg.checkpoint_unverified)
     with tracer.span("warm start or restore", "learner"):
         start = builder.restore_or_initialise(
             learner,
             checkpointer,
             cfg.warmstart,
-            cfg.env,
+            cfg.env.name,
             cfg.task_seed,
             cfg.init_policy,
             init_policy_unverified=cfg.init_policy_unverified,
-            env_config=cfg.env_config,
+            env_config=cfg.env.settings,
         )
     publisher = builder.make_publisher(cfg, learner, checkpointer, start)
     publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)
     stats = RunStats(peak_flops=cfg.peak_tflops * 1e12 if cfg.peak_tflops else None)
-    tel = builder.make_telemetry(cfg.logdir, tracer, stats)  # a row per step, spans on the timeline
+    tel = builder.make_telemetry(cfg.telemetry.logdir, tracer, stats)  # a row per step, spans on the timeline
     plane = builder.make_data_plane(cfg, tasks, publisher, start, checkpointer, stats, tel)  # acks once checkpointed
     lockstep = Lockstep()  # several processes: process 0's plane decides, the others follow it
     plane.start()
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     # swallow our lines.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     cfg = parse_config(argv)
-    log.info("learner starting: env %s, %d steps", cfg.env, cfg.max_steps)
+    log.info("learner starting: env %s, %d steps", cfg.env.name, cfg.max_steps)
     # Multi-host (a TPU slice of several hosts): join the JAX cluster before any JAX work.
     dist = maybe_initialize_distributed(read_vertex_env())
     if dist.initialized:

@@ -23,11 +23,6 @@ from core.policy.tokenizer import Tokenizer, load_tokenizer
 
 STORE_PREFIX = "store:"
 BYTE = "byte"
-# The one help text of every process's --model flag (learner, rollout job, evaluator, demo).
-MODEL_HELP = (
-    "a Hugging Face checkpoint directory to train or serve (config.json, *.safetensors, tokenizer.json with "
-    "a chat template); every process of a run loads the same one. Unset: the built-in --model_config"
-)
 
 
 @dataclasses.dataclass

@@ -47,8 +47,8 @@ COMMON: tuple[str, ...] = (
     "--warmstart_batch=4",
     "--warmstart_tasks=400",
     "--warmstart_direct_frac=0.2",
-    "--learner.warmstart_lr=3e-4",
-    "--learner.warmstart_warmup=4",
+    "--warmstart_lr=3e-4",
+    "--warmstart_warmup=4",
     "--batch_records=2",
     "--publish_every=1",
     "--max_steps=10",
@@ -72,7 +72,7 @@ BY_ENV: dict[str, tuple[str, ...]] = {
     # operations a call: every task's). Demonstrations chaining one call per operation
     # left the model calling on after the answer was in (v0 0.031 after 24 steps of 8 and
     # after 48 of 4: 36 of 64 episodes truncated in calls).
-    "calculator": ('--env_config={"max_ops_per_call": 2}', "--learner.warmstart_oracle=whole"),
+    "calculator": ('--env_config={"max_ops_per_call": 2}', "--warmstart_oracle=whole"),
 }
 
 

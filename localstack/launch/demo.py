@@ -22,6 +22,7 @@ from core import config
 from core.contracts.record_shape import LayoutConfig
 from core.contracts.run_summary import RunSummary
 from core.contracts.store import LATEST
+from core.sections import TelemetryDirs
 from core.telemetry import trace
 from core.telemetry.scalars import read_rows
 from localstack.emulators.pubsub import PubSubEmulator
@@ -37,7 +38,6 @@ from localstack.reports.summary import DemoSummary, print_summary
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
-from trainer.learning.gradients import ComputeConfig
 
 TOPICS = {"requests": "rollout-requests", "records": "packed-trajectories", "dead": "dead-letters"}
 
@@ -58,10 +58,6 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         summary_path=str(workdir / "summary.json"),
         checkpoint_dir=str(workdir / "checkpoints"),  # records are acked once one covers them
         data_dir=str(workdir / "datasets"),
-        env=cfg.env,
-        model_config=cfg.model_config,
-        model=cfg.model,
-        env_config={**cfg.env_config, "tool_latency": cfg.tool_latency},
         init_policy=cfg.init_policy,
         sync=cfg.sync,
         max_steps=cfg.max_steps,
@@ -69,14 +65,6 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         batch_records=cfg.batch_records,
         group_size=cfg.group_size,
         timeout_s=cfg.timeout_s,
-        warmstart_steps=cfg.warmstart_steps,
-        warmstart_batch=cfg.warmstart_batch,
-        warmstart_tasks=cfg.warmstart_tasks,
-        warmstart_direct_frac=cfg.warmstart_direct_frac,
-        lora_rank=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha,
-        **_layout(cfg),
-        **telemetry(cfg, workdir),
     )
     if plan:
         learner = _plan_then_user(learner, plan["learner_flags"], cfg.learner, main_job_learner())
@@ -93,14 +81,10 @@ def rollout_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         records_topic=topics["records"],
         dead_letter_topic=topics["dead"],
         policy_root=str(store),
-        model_config=cfg.model_config,
-        model=cfg.model,
         policy_poll_s=cfg.policy_poll_s,
         max_wait_s=cfg.max_wait_s,
         filter_zero_signal=not cfg.keep_zero_signal,
         max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
-        **_layout(cfg),
-        **telemetry(cfg, workdir),
     )
     if plan:
         rollout = _plan_then_user(rollout, plan["pipeline_flags"], cfg.rollout, main_job_rollout())
@@ -113,10 +97,6 @@ def evaluator_config(cfg: DemoConfig, workdir: Path, store: Path) -> EvaluatorCo
         cfg.evaluator,
         policy_root=str(store),
         out=str(workdir / "eval.jsonl"),
-        env=cfg.env,
-        env_config=cfg.env_config,  # the held-out tasks and limits of the recipe, no tool latency
-        model_config=cfg.model_config,
-        model=cfg.model,
         max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
         # The learner's dataset, and its test split: one seed builds both splits, disjoint.
         data_dir=str(workdir / "datasets"),
@@ -124,23 +104,12 @@ def evaluator_config(cfg: DemoConfig, workdir: Path, store: Path) -> EvaluatorCo
         stop_file=str(workdir / "final_version"),
         timeout_s=cfg.timeout_s + 600,
         max_tokens=cfg.layout.layout.trajectory_len,
-        **telemetry(cfg, workdir),
     )
 
 
 def _plan_then_user(tree, plan_flags: list[str], user, preset):
     """The plan's flags on `tree`, then what the user changed on the preset (the user wins)."""
     return config.parse(type(tree), [*plan_flags, *config.to_argv(user, base=preset)], base=tree)
-
-
-def _layout(cfg: DemoConfig) -> dict:
-    return {leaf.flag: config.get(cfg.layout, leaf.path) for leaf in config.leaves(LayoutConfig)}
-
-
-def _compute(cfg: DemoConfig) -> dict:
-    """The learner's memory settings, which the planner's measurement of its step takes too."""
-    compute = cfg.learner.learner.compute
-    return {leaf.flag: config.get(compute, leaf.path) for leaf in config.leaves(ComputeConfig)}
 
 
 def cpu_set(text: str | None) -> set[int] | None:
@@ -155,22 +124,22 @@ def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
     if cfg.plan == "auto":
         plan_cfg = config.build(
             PlanConfig,
-            env=cfg.env,
-            tool_latency=cfg.tool_latency,
-            env_config=cfg.env_config,
             batch_records=cfg.batch_records,
             group_size=cfg.group_size,
             publish_every=cfg.publish_every,
             target_duty=cfg.target_duty,
             max_wait_s=cfg.max_wait_s,
             rollout_rate=cfg.rollout_rate,
-            model_config=cfg.model_config,
-            model=cfg.model,
             out=str(path),
-            lora_rank=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            **_layout(cfg),
-            **_compute(cfg),
+        )
+        # The sections the planner's measurement shares with the run (the learner's step memory too).
+        plan_cfg = dataclasses.replace(
+            plan_cfg,
+            env=cfg.env,
+            model=cfg.model,
+            layout=cfg.layout,
+            lora=cfg.lora,
+            compute=cfg.learner.learner.compute,
         )
         with ProcessGroup(plan_command(plan_cfg), workdir / "plan.log", env, cpus=cpu_set(cfg.learner_cpus)) as planner:
             wait_for(planner, 900, "planner")
@@ -221,13 +190,15 @@ def run_local(cfg: DemoConfig) -> DemoSummary:
     return summary
 
 
-def telemetry(cfg: DemoConfig, workdir: Path) -> dict:
+def telemetry(cfg: DemoConfig, workdir: Path) -> DemoConfig:
     """Every process writes scalars under WORKDIR/logs (one TensorBoard run each) and,
     with --trace, spans under WORKDIR/trace (merged at the end)."""
-    return {"logdir": str(workdir / "logs"), "trace_dir": str(workdir / "trace") if cfg.trace else None}
+    dirs = TelemetryDirs(str(workdir / "logs"), str(workdir / "trace") if cfg.trace else None)
+    return dataclasses.replace(cfg, telemetry=dirs)
 
 
 def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Path, store: Path) -> DemoSummary:
+    cfg = telemetry(cfg, workdir)
     plan = make_plan(cfg, workdir, {**os.environ, "JAX_PLATFORMS": "cpu"})
     with PubSubEmulator(log_dir=workdir / "emulator") as emu:
         topics = {k: emu.create_topic(v) for k, v in TOPICS.items()}
@@ -354,18 +325,18 @@ def _stop_on_signal(signum, _frame):
 def with_model_layout(cfg: DemoConfig) -> DemoConfig:
     """With --model and no layout flags, the record layout the checkpoint and the environment
     need (refused, saying why, when its context cannot hold an episode)."""
-    if not cfg.model or cfg.layout != LayoutConfig():
+    if not cfg.model.checkpoint or cfg.layout != LayoutConfig():
         return cfg
     from localstack.launch.model_layout import layout_for_model
 
     turn = cfg.max_new_tokens_per_turn
     found = layout_for_model(
-        cfg.model,
-        cfg.env,
+        cfg.model.checkpoint,
+        cfg.env.name,
         turn,
         group_size=cfg.group_size,
-        env_config={**cfg.env_config, "tool_latency": "none"},
-        oracle_style=cfg.learner.warmstart.oracle,
+        env_config={**cfg.env.config, "tool_latency": "none"},
+        oracle_style=cfg.warmstart.oracle,
     )
     print(found.describe(), flush=True)
     return dataclasses.replace(cfg, layout=found.layout)

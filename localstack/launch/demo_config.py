@@ -1,12 +1,14 @@
 """The demo's config tree: the main job's settings, and the processes it starts.
 
-Top-level fields are the run's own (workdir, restarts, the live panel) and the settings
-that several processes share (environment, tool latency, steps, group and batch sizes,
-the record layout): the demo sets those in every process, so each process's section hides
-them. The sections are the learner's, the rollout job's and the evaluator's own config
-trees, preset for the main job; any of their fields is a flag under the section's prefix
-(`--learner.kl_coef=0.01`, `--rollout.engine_slots=32`, `--eval_nice=5`). The demo launches
-each process with `config.to_argv` of its section: no flag is forwarded by hand.
+Top-level fields are the run's own (workdir, restarts, the live panel, steps, group and
+batch sizes), and the sections every process must agree on (model, environment, layout,
+LoRA, warm start, telemetry), declared `shared`: each is given to every process's section
+of its type, which has no flag of its own. The processes' sections are the learner's, the
+rollout job's and the evaluator's own config trees, preset for the main job; any of their
+fields is a flag under the section's prefix (`--learner.kl_coef=0.01`,
+`--rollout.engine_slots=32`, `--eval_nice=5`). The demo launches each process with
+`config.to_argv` of its section, after setting the workdir's paths and its run-wide fields
+(localstack/launch/demo.py).
 """
 
 from __future__ import annotations
@@ -14,40 +16,26 @@ from __future__ import annotations
 import os
 import sys
 
-import environments
 from core import config
 from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
-from core.policy.config import MODEL_CONFIGS
-from core.policy.sources import MODEL_HELP
+from core.policy.lora import LoraConfig
+from core.sections import EnvChoice, ModelChoice, TelemetryDirs
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
+from trainer.learning.warmstart import WarmStartConfig
 
-LAYOUT_FLAGS = tuple(leaf.flag for leaf in config.leaves(LayoutConfig))
-TELEMETRY_FLAGS = ("logdir", "trace_dir")
 SET_BY_DEMO = "set-by-the-demo"  # placeholder for a field the demo fills in at launch
 
-# What the demo sets in each process (from its own fields or its workdir): no flag there.
-LEARNER_SET = (
-    *("requests_topic", "records_subscription", "dead_letter_topic", "policy_root", "summary_path"),
-    *("checkpoint_dir", "data_dir", "plan", "env", "env_config", "init_policy", "sync"),
-    *("max_steps", "publish_every", "batch_records", "group_size", "timeout_s", "model_config", "model"),
-    *("warmstart_steps", "warmstart_batch", "warmstart_tasks", "warmstart_direct_frac", "lora_rank", "lora_alpha"),
-    *LAYOUT_FLAGS,
-    *TELEMETRY_FLAGS,
-)
-ROLLOUT_SET = (
-    *("requests_subscription", "records_topic", "dead_letter_topic", "policy_root", "max_new_tokens_per_turn"),
-    *("policy_poll_s", "max_wait_s", "filter_zero_signal", "model_config", "model"),
-    *LAYOUT_FLAGS,
-    *TELEMETRY_FLAGS,
-)
-EVALUATOR_SET = (
-    *("policy_root", "out", "env", "env_config", "data_dir", "task_seed", "stop_file", "timeout_s", "max_tokens"),
-    *("model_config", "model", "max_new_tokens_per_turn"),
-    *TELEMETRY_FLAGS,
-)
+# The run-wide settings the demo holds itself (its progress, deadline and accounting read
+# them) and sets in each process: no flag there. Where a process connects (its `wiring`
+# knobs: topics, stores, paths) the demo sets from its workdir and the emulator, and the
+# `shared` sections below (model, environment, layout, LoRA, warm start, telemetry) are
+# set once for every process: neither needs an entry here.
+LEARNER_SET = ("init_policy", "sync", "max_steps", "publish_every", "batch_records", "group_size", "timeout_s")
+ROLLOUT_SET = ("max_new_tokens_per_turn", "policy_poll_s", "max_wait_s", "filter_zero_signal")
+EVALUATOR_SET = ("task_seed", "timeout_s", "max_tokens", "max_new_tokens_per_turn")
 
 
 def main_job_learner() -> LearnerJobConfig:
@@ -58,6 +46,15 @@ def main_job_learner() -> LearnerJobConfig:
 
 def main_job_rollout() -> RolloutJobConfig:
     return RolloutJobConfig()
+
+
+def main_job_env() -> EnvChoice:
+    return EnvChoice(tool_latency="fixed:0.5")
+
+
+def main_job_warmstart() -> WarmStartConfig:
+    # Enough oracle episodes that RL starts with signal; half answer at once, so RL learns to call.
+    return WarmStartConfig(steps=2800, batch_rows=16, tasks=12000, direct_frac=0.5)
 
 
 def main_job_evaluator() -> EvaluatorConfig:
@@ -77,33 +74,11 @@ class DemoConfig:
     keep_zero_signal: bool = knob(
         False, "also train on groups whose rewards are all equal (they carry no gradient, only dilute it)"
     )
-    env: str = knob(
-        "calculator",
-        "calculator, guess or code (any registered name); selects that environment's recipe "
-        "(localstack/launch/recipes.py), which flags given here override",
-    )
-    env_config: dict = knob({}, "the environment's settings besides tool latency, JSON (turn limit, ranges)")
     max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate (rollout, evaluation, layout)", ge=1)
-    model_config: str = knob(
-        LearnerJobConfig.model_config, "the policy model, the same in every process", choices=sorted(MODEL_CONFIGS)
-    )
-    model: str | None = knob(
-        None,
-        MODEL_HELP + "; with it the record layout follows from the checkpoint and --env unless layout flags are given",
-    )
-    lora_rank: int = knob(0, "train LoRA adapters of this rank instead of every weight (0: full fine-tuning)")
-    lora_alpha: float = knob(16.0, "LoRA scale numerator: adapters add (alpha / rank) * x A B")
-    tool_latency: str = knob("fixed:0.5", "per tool call: none, fixed:S, uniform:A:B, lognormal:M:S")
     sync: bool = knob(False, "the synchronous baseline: one round of rollouts per policy version")
     timeout_s: float = knob(900.0, "the learner gives up after this long")
     policy_poll_s: float = knob(0.5, "how often rollout workers look for a new policy version")
     max_wait_s: float = knob(1.0, "a partly filled record is flushed after this long (planner and packer)")
-    warmstart_steps: int = knob(2800, "behaviour cloning on oracle episodes before v0, so RL starts with signal")
-    warmstart_batch: int = knob(16, "warm-start batch rows")
-    warmstart_tasks: int = knob(12000, "distinct train tasks the demonstrations use")
-    warmstart_direct_frac: float = knob(
-        0.5, "share of demonstrations that answer at once instead of calling the tool: RL learns to call"
-    )
     init_policy: str | None = knob(None, "start RL from this policy store's newest version (no warm start)")
     resume: bool = knob(False, "continue from the learner checkpoint a previous run left in --workdir")
     max_restarts: int = knob(3, "times a dead rollout job, and a dead Pub/Sub emulator, is started again", ge=0)
@@ -125,17 +100,23 @@ class DemoConfig:
     rollout_cpus: str | None = knob(None, "pin the emulator, rollout job and evaluator, e.g. 1")
     trace: bool = knob(True, "record every process's spans and merge them into WORKDIR/trace.json (Perfetto)")
     live: str = knob("auto", "progress while it runs", choices=("auto", "panel", "lines", "off"))
-    layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same for both sides")
-    learner: LearnerJobConfig = section(main_job_learner, "learner.", "the learner process", LEARNER_SET)
-    rollout: RolloutJobConfig = section(main_job_rollout, "rollout.", "the rollout job", ROLLOUT_SET)
-    evaluator: EvaluatorConfig = section(main_job_evaluator, "eval_", "the held-out evaluator", EVALUATOR_SET)
+    # One value each for every process that reads it (its --env also picks the recipe, and
+    # with --model the layout follows from the checkpoint unless layout flags are given).
+    env: EnvChoice = section(main_job_env, help="the environment", shared=True)
+    model: ModelChoice = section(ModelChoice, help="the policy model", shared=True)
+    layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same for both sides", shared=True)
+    lora: LoraConfig = section(LoraConfig, "lora_", "LoRA adapters (rank 0: full fine-tuning)", shared=True)
+    warmstart: WarmStartConfig = section(main_job_warmstart, "warmstart_", "behaviour cloning before v0", shared=True)
+    telemetry: TelemetryDirs = section(  # under the workdir: the demo sets it at launch
+        TelemetryDirs, shared=True, hide=("logdir", "trace_dir")
+    )
+    learner: LearnerJobConfig = section(main_job_learner, "learner.", "the learner", LEARNER_SET, launched=True)
+    rollout: RolloutJobConfig = section(main_job_rollout, "rollout.", "the rollout job", ROLLOUT_SET, launched=True)
+    evaluator: EvaluatorConfig = section(
+        main_job_evaluator, "eval_", "the held-out evaluator", EVALUATOR_SET, launched=True
+    )
 
     def __post_init__(self):
-        if self.env in environments.names():  # a plugin's is checked by the learner, once loaded
-            try:
-                environments.make(self.env, **{**self.env_config, "tool_latency": self.tool_latency})
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"--env_config {self.env_config} is not a setting of --env {self.env}: {e}") from None
         for flag in ("learner_cpus", "rollout_cpus"):  # refused here, not once the watchdog runs
             text = getattr(self, flag)
             if text is None:
@@ -155,7 +136,7 @@ def parse_args(argv: list[str] | None) -> DemoConfig:
     from localstack.launch.recipes import env_of, model_of, recipe_argv
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    env = env_of(argv) or DemoConfig.env
+    env = env_of(argv) or main_job_env().name
     base = config.parse(
         DemoConfig, [f"--env={env}", *recipe_argv(env, model_of(argv))], prog="agentic-rl demo (recipe)"
     )

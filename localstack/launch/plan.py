@@ -31,10 +31,10 @@ from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.lora import LoraConfig
-from core.policy.sources import MODEL_HELP, policy_spec
+from core.policy.sources import policy_spec
+from core.sections import EnvChoice, ModelChoice
 from localstack.launch.staleness_evidence import default_bound
 from rollout.engine_config import EngineConfig
-from trainer.config import LearnerJobConfig
 from trainer.learning.capacity import Measurements, make_plan
 from trainer.learning.feeder import CreditConfig
 from trainer.learning.gradients import ComputeConfig
@@ -48,9 +48,7 @@ class PlanConfig:
     """The planner's flags. The knobs it shares with the learner and the rollout job take
     their defaults from those jobs' configs, so a plan sizes the run they would start."""
 
-    env: str = knob(LearnerJobConfig.env, "the environment (any registered name)")
-    tool_latency: str = knob("fixed:0.5", "per tool call: none, fixed:S, uniform:A:B, lognormal:M:S")
-    env_config: dict = knob({}, "the environment's other settings, JSON (its recipe's turn limit, ranges)")
+    env: EnvChoice = section(lambda: EnvChoice(tool_latency="fixed:0.5"), help="the environment measured")
     episodes: int = knob(64, "oracle episodes measured")
     batch_records: int = knob(LearnerConfig.batch_records, "records per learner step (the learner's)")
     group_size: int = knob(CreditConfig.group_size, "episodes per request (the learner's)")
@@ -72,8 +70,7 @@ class PlanConfig:
     trajectories_per_record: float | None = knob(None, "measured on the real stream")
     tokens_per_trajectory: float | None = knob(None, "measured on the real stream")
     learner_steps: int = knob(5, "timed learner steps")
-    model_config: str = knob(LearnerJobConfig.model_config, "the built-in policy size (the learner's)")
-    model: str | None = knob(None, MODEL_HELP)
+    model: ModelChoice = section(ModelChoice, help="the policy model (the learner's)")
     out: str | None = knob(None, "write the plan here as JSON")
     layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same on both sides")
     compute: ComputeConfig = section(ComputeConfig, help="the learner step's memory settings (the learner's)")
@@ -239,8 +236,8 @@ def measure_learner(
 # ----------------------------------------------------------------------------- plan
 def run(cfg: PlanConfig) -> dict:
     layout = cfg.layout.layout
-    spec = policy_spec(cfg.model, cfg.model_config)
-    env = measure_environment(cfg.env, cfg.tool_latency, cfg.episodes, chat_format_for(spec.tokenizer), cfg.env_config)
+    spec, latency = policy_spec(cfg.model.checkpoint, cfg.model.builtin), cfg.env.tool_latency or "none"
+    env = measure_environment(cfg.env.name, latency, cfg.episodes, chat_format_for(spec.tokenizer), cfg.env.config)
     engine = measure_engine(cfg.engine_slots, layout.trajectory_len, spec.cfg)
     lengths = env.pop("lengths")
     learner = measure_learner(
@@ -260,7 +257,7 @@ def run(cfg: PlanConfig) -> dict:
     )
     credits = CreditConfig(0, cfg.batch_records, layout.largest, cfg.group_size)
     if cfg.staleness_bound is None:
-        bound, bound_why = default_bound(cfg.tool_latency)
+        bound, bound_why = default_bound(latency)
     else:
         bound, bound_why = cfg.staleness_bound, f"bound {cfg.staleness_bound:g}: given (--staleness_bound)"
     plan = make_plan(
@@ -273,8 +270,8 @@ def run(cfg: PlanConfig) -> dict:
         staleness_bound=bound,
     )
     return {
-        "env": cfg.env,
-        "tool_latency": cfg.tool_latency,
+        "env": cfg.env.name,
+        "tool_latency": latency,
         "rollout_rate_source": "measured" if cfg.rollout_rate else "engine only (upper bound)",
         "measured": {"environment": env, "engine": engine, "learner": learner},
         "measurements": m.__dict__,

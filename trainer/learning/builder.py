@@ -69,7 +69,7 @@ def make_mesh_from_flag(text: str | None):
 def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
     """The built-in policy (random init from --seed), or the --model checkpoint's weights;
     the learner keeps the tokenizer: its warm start and published versions use it."""
-    spec = policy_spec(cfg.model, cfg.model_config)
+    spec = policy_spec(cfg.model.checkpoint, cfg.model.builtin)
     model = None
     if spec.checkpoint:
         from core.policy.hf_weights import load_checkpoint
@@ -236,8 +236,8 @@ def make_feeder(cfg: LearnerJobConfig, tasks, credits, staleness: StalenessContr
         tasks,
         credits,
         cfg.credits.group_size,
-        cfg.env,
-        cfg.env_config,
+        cfg.env.name,
+        cfg.env.settings,
         min_version=lambda: staleness.cfg.min_request_version(publisher.version),
         start=start.feeder_position,
     )
@@ -248,11 +248,11 @@ def check_settings(cfg: LearnerJobConfig) -> None:
     requests): refused now, naming the flag."""
     environments.load_entry_points()
     try:
-        environments.make(cfg.env, **cfg.env_config)
+        environments.make(cfg.env.name, **cfg.env.settings)
     except (KeyError, TypeError, ValueError) as e:
         why = e.args[0] if isinstance(e, KeyError) and e.args else e
-        raise ValueError(f"{why} (--env {cfg.env!r}, --env_config {json.dumps(cfg.env_config)})") from None
-    if cfg.model:
+        raise ValueError(f"{why} (--env {cfg.env.name!r}, --env_config {json.dumps(cfg.env.settings)})") from None
+    if cfg.model.checkpoint:
         check_prompt_fits(cfg)
 
 
@@ -269,16 +269,17 @@ def check_resources(cfg: LearnerJobConfig) -> None:
 def check_prompt_fits(cfg: LearnerJobConfig, turn_tokens: int = 32) -> None:
     """A checkpoint's chat prompt (system turn, tools block) can be hundreds of tokens: a
     layout whose episodes cannot hold it and one model turn is refused, with the numbers."""
-    spec = policy_spec(cfg.model)
-    fmt, env = chat_format_for(spec.tokenizer), environments.make(cfg.env, **cfg.env_config)
+    spec = policy_spec(cfg.model.checkpoint)
+    fmt, env = chat_format_for(spec.tokenizer), environments.make(cfg.env.name, **cfg.env.settings)
     prompt = max(
         len(fmt.prompt_ids(t.prompt, env.tools()))
-        for t in environments.make_tasks(cfg.env, 0, 8, "train", cfg.env_config)
+        for t in environments.make_tasks(cfg.env.name, 0, 8, "train", cfg.env.settings)
     )
     room = cfg.record_layout.trajectory_len
     if prompt + turn_tokens > room:
         raise ValueError(
-            f"--model {cfg.model}: a {cfg.env} prompt in its chat format is {prompt} tokens (tools block included), "
+            f"--model {cfg.model.checkpoint}: a {cfg.env.name} prompt in its chat format is {prompt} tokens "
+            "(tools block included), "
             f"so episodes of at most {room} tokens (--max_trajectory_len / --seq_len) leave no room to act; "
             f"give a longer layout (the demo sizes one from the checkpoint: localstack/launch/model_layout.py)"
         )

@@ -1,0 +1,137 @@
+"""Shared sections (core/sections, core/config.py `section(shared=True)`): a setting that
+several processes must agree on is declared once, given once, and reaches every process
+that holds its section, through the argv the demo starts that process with."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from core import config
+from core.config import configclass, knob, section
+from core.sections import EnvChoice, ModelChoice, TelemetryDirs
+from localstack.launch import demo
+from localstack.launch.demo_config import DemoConfig, parse_args
+from pipelines.config import RolloutJobConfig
+from rollout.evaluator import EvaluatorConfig
+from trainer.config import LearnerJobConfig
+
+TOPICS = {"requests": "t/r", "records": "t/p", "dead": "t/d"}
+
+
+def _processes(cfg: DemoConfig, tmp_path) -> dict:
+    """Each process's tree as its own parser rebuilds it from the argv the demo gives it."""
+    cfg = demo.telemetry(cfg, tmp_path)
+    trees = {
+        "learner": demo.learner_config(cfg, tmp_path, TOPICS, TOPICS, tmp_path / "store", None),
+        "rollout": demo.rollout_config(cfg, tmp_path, TOPICS, TOPICS, tmp_path / "store", None),
+        "evaluator": demo.evaluator_config(cfg, tmp_path, tmp_path / "store"),
+    }
+    return {name: config.parse(type(tree), config.to_argv(tree)) for name, tree in trees.items()}
+
+
+@pytest.mark.parametrize(
+    "argv, reads",
+    [
+        (["--model=/ckpt/m"], lambda p: (p["learner"].model, p["rollout"].engine.model, p["evaluator"].model)),
+        (["--model_config=small"], lambda p: (p["learner"].model, p["rollout"].engine.model, p["evaluator"].model)),
+        (["--env=guess"], lambda p: (p["learner"].env.name, p["evaluator"].env.name)),
+        (['--env_config={"max_ops_per_call": 1}'], lambda p: (p["learner"].env.config, p["evaluator"].env.config)),
+        (["--rows=3"], lambda p: (p["learner"].layout, p["rollout"].layout)),
+        (["--lora_rank=4", "--lora_alpha=8"], lambda p: (p["learner"].learner.lora,)),
+        (["--warmstart_steps=5", "--warmstart_lr=1e-4"], lambda p: (p["learner"].warmstart.learning_rate,)),
+    ],
+)
+def test_one_flag_reaches_every_process_that_holds_its_section(argv, reads, tmp_path):
+    default, given = reads(_processes(parse_args([]), tmp_path)), reads(_processes(parse_args(argv), tmp_path))
+    assert len(set(map(repr, given))) == 1  # every process holds the same value
+    assert given != default  # and it is the flag's, not the default
+
+
+def test_the_telemetry_dirs_are_the_workdirs_in_every_process_and_no_demo_flag(tmp_path):
+    procs = _processes(parse_args([]), tmp_path)
+    dirs = {p.telemetry if name != "rollout" else p.engine.telemetry for name, p in procs.items()}
+    assert dirs == {TelemetryDirs(str(tmp_path / "logs"), str(tmp_path / "trace"))}
+    with pytest.raises(SystemExit):
+        parse_args(["--logdir=/elsewhere"])
+
+
+def test_a_shared_sections_copies_have_no_flags_of_their_own():
+    flags = {leaf.flag for leaf in config.leaves(DemoConfig)}
+    assert {"model", "model_config", "env", "env_config", "tool_latency", "lora_rank", "warmstart_steps"} <= flags
+    for prefix in ("learner.", "rollout.", "eval_"):
+        assert not {prefix + f for f in ("model", "model_config", "env", "env_config", "rows", "logdir")} & flags
+        # Where a process connects is wiring: the demo sets it from its workdir and emulator.
+        assert not {prefix + f for f in ("policy_root", "data_dir", "requests_topic", "records_topic")} & flags
+    assert {"policy_root", "requests_topic", "data_dir"} <= {leaf.flag for leaf in config.leaves(LearnerJobConfig)}
+
+
+def test_the_evaluator_scores_without_the_runs_tool_latency(tmp_path):
+    cfg = parse_args(["--tool_latency=fixed:3"])
+    procs = _processes(cfg, tmp_path)
+    assert procs["learner"].env.settings["tool_latency"] == "fixed:3"
+    assert "tool_latency" not in procs["evaluator"].env.config
+    assert "tool_latency" not in {leaf.flag for leaf in config.leaves(EvaluatorConfig)}
+
+
+def test_a_section_given_after_construction_reaches_the_held_trees_again():
+    cfg = config.build(DemoConfig)
+    moved = dataclasses.replace(cfg, model=ModelChoice(checkpoint="/ckpt/x"))
+    assert moved.learner.model.checkpoint == moved.rollout.engine.model.checkpoint == "/ckpt/x"
+    assert moved.evaluator.model.checkpoint == "/ckpt/x" and cfg.learner.model.checkpoint is None
+    # The learner's derived fields follow a shared layout: its warm start's rows are the layout's.
+    longer = config.replace(cfg, max_trajectory_len=320)
+    assert longer.learner.warmstart.max_seq_len == longer.layout.layout.trajectory_len == 320
+
+
+@configclass
+class _Inner:
+    size: int = knob(1, "a shared setting", ge=1)
+
+
+@configclass
+class _Process:
+    inner: _Inner = section(_Inner)
+    own: int = knob(0, "the process's own")
+
+
+@configclass
+class _Holder:
+    inner: _Inner = section(_Inner, shared=True)
+    a: _Process = section(_Process, "a.")
+    b: _Process = section(_Process, "b.")
+
+
+def test_sharing_is_by_type_at_any_depth_and_checks_the_value_once():
+    flags = {leaf.flag for leaf in config.leaves(_Holder)}
+    assert flags == {"size", "a.own", "b.own"}
+    tree = config.parse(_Holder, ["--size=3", "--a.own=1"])
+    assert tree.a.inner.size == tree.b.inner.size == 3 and (tree.a.own, tree.b.own) == (1, 0)
+    with pytest.raises(SystemExit):
+        config.parse(_Holder, ["--size=0"])  # the declaration's bound, named once
+    assert config.parse(_Process, ["--size=2"]).inner.size == 2  # alone, a process has the flag
+
+
+def test_the_sections_refuse_what_they_declare():
+    with pytest.raises(ValueError, match="model_config"):
+        ModelChoice(builtin="huge")
+    with pytest.raises(ValueError, match=r"no_such_setting.*--env 'calculator', --env_config"):
+        EnvChoice(config={"no_such_setting": 1})
+    assert EnvChoice(config={"max_ops_per_call": 2}, tool_latency="fixed:1").settings == {
+        "max_ops_per_call": 2,
+        "tool_latency": "fixed:1",
+    }
+
+
+def test_a_process_alone_still_takes_every_flag():
+    for cls in (LearnerJobConfig, RolloutJobConfig, EvaluatorConfig):
+        flags = {leaf.flag for leaf in config.leaves(cls)}
+        assert {"model", "model_config", "logdir", "trace_dir"} <= flags, cls
+    learner = config.parse(
+        LearnerJobConfig,
+        ["--requests_topic=t", "--records_subscription=s", "--policy_root=/p", "--env=guess", "--model=/m"],
+    )
+    assert (learner.env.name, learner.model.checkpoint) == ("guess", "/m")
+    assert json.loads(json.dumps(learner.env.settings)) == {}
