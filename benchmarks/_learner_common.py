@@ -44,7 +44,7 @@ def publish_records(emu, topic: str, records) -> tuple[float, int]:
 
 
 class PhaseTimer:
-    """Wraps core.contracts.pubsub_io.pull / ack and trainer.learning.consumer.decode with timers (the
+    """Wraps core.contracts.pubsub_io.pull / ack and trainer.learning.data.consumer.decode with timers (the
     consumer looks them up at call time, so the real poll runs with the wrappers)."""
 
     def __init__(self):
@@ -54,7 +54,7 @@ class PhaseTimer:
     @contextlib.contextmanager
     def installed(self):
         from core.contracts import pubsub_io
-        from trainer.learning import consumer
+        from trainer.learning.data import consumer
 
         orig = pubsub_io.pull, pubsub_io.ack, consumer.decode
 

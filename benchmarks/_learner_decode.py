@@ -78,7 +78,7 @@ def bench_decode(args) -> None:
 
 
 def bench_poll(args, emu) -> None:
-    from trainer.learning.consumer import RecordConsumer
+    from trainer.learning.data.consumer import RecordConsumer
 
     shape = (4, 256)
     name = f"bench-poll-{os.getpid()}"

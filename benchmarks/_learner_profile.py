@@ -50,7 +50,7 @@ def bench_profile(args) -> None:
     import jax
 
     from core.policy.config import ModelConfig
-    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.learning.step.learner import Learner, LearnerConfig
 
     shape, b, n = (args.rows, args.seq_len), args.batch_records, args.profile_steps
     learner = Learner(ModelConfig(), LearnerConfig(batch_records=b))

@@ -67,8 +67,8 @@ def run_jax(args, data) -> dict:
     from core.contracts.records import PackedRecord
     from core.policy.hf_weights import load_checkpoint
     from core.policy.lora import LoraConfig
-    from trainer.learning.gradients import ComputeConfig
-    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.learning.step.gradients import ComputeConfig
+    from trainer.learning.step.learner import Learner, LearnerConfig
 
     cfg, model = load_checkpoint(args.model)
     compute = ComputeConfig(remat=args.remat, micro_batches=args.micro_batches)

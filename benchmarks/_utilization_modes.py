@@ -73,7 +73,7 @@ def rollout_alone(
     flag name) on top. learner=(cpus, batch_records): the learner-alone ceiling runs on
     those cores during the same window (its result under the key "learner_alone")."""
     import environments
-    from trainer.learning.feeder import Feeder, TrajectoryCredits
+    from trainer.learning.data.feeder import Feeder, TrajectoryCredits
 
     store = workdir / "policy-store"
     shutil.copytree(init_store, store, dirs_exist_ok=True)
@@ -172,7 +172,7 @@ def learner_alone(records_path: Path, batch_records: int, seconds: float) -> dic
     compile (this process's cores)."""
     from core.contracts.record_shape import RecordLayout
     from core.policy.config import ModelConfig
-    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.learning.step.learner import Learner, LearnerConfig
 
     recs = [decode(p) for p in _read_frames(records_path)]
     if len(recs) < batch_records:

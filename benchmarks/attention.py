@@ -9,7 +9,7 @@ default now) at 4 records of 1,024 tokens.
 
 Records are packed by the real packer from the environment's oracle episode lengths in the
 policy's chat format (localstack.launch.plan, as the planner measures), and the learner
-steps on them as the job's does (trainer.learning.learner.Learner; banded: span = the
+steps on them as the job's does (trainer.learning.step.learner.Learner; banded: span = the
 layout's trajectory length, as builder.make_learner passes). Trained trajectories/s =
 trajectories per record x records per step / step time.
 """
@@ -33,7 +33,7 @@ from core.contracts.record_shape import RecordLayout
 from core.policy.chat_format import chat_format_for
 from core.policy.sources import policy_spec
 from localstack.launch.plan import measure_environment, measure_learner
-from trainer.learning.learner import LearnerConfig
+from trainer.learning.step.learner import LearnerConfig
 
 # (rows, seq_len, segments per row, banded); every step is --batch_records records.
 LAYOUTS = [

@@ -15,7 +15,7 @@ then generated tokens), encoded with core.contracts.records.encode and attribute
    Learner.train_step(batch_records records) until every record is trained. The step is
    compiled beforehand on other records (compile time shown apart). Duty cycle = time
    inside train_step / wall time of the loop. pull / decode / ack are timed by wrapping
-   core.contracts.pubsub_io.pull, core.contracts.pubsub_io.ack and trainer.learning.consumer.decode.
+   core.contracts.pubsub_io.pull, core.contracts.pubsub_io.ack and trainer.learning.data.consumer.decode.
 2. steps: Learner.train_step at batch_records 1, 2, 4, 8 after warm-up: mean/p50/p95 of
    the whole call (stack the records, host->device, jitted step, metrics to floats), the
    jitted step alone on a device-resident batch (block_until_ready), tokens/s, and
@@ -60,8 +60,8 @@ SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
 # ----------------------------------------------------------------------------- 1. ceiling
 def bench_ceiling(args, emu) -> None:
     from core.policy.config import ModelConfig
-    from trainer.learning.consumer import RecordConsumer
-    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.learning.data.consumer import RecordConsumer
+    from trainer.learning.step.learner import Learner, LearnerConfig
 
     shape = (args.rows, args.seq_len)
     name = f"bench-ceiling-{os.getpid()}"
@@ -174,7 +174,7 @@ def bench_steps(args) -> None:
     import jax
 
     from core.policy.config import ModelConfig
-    from trainer.learning.learner import Learner, LearnerConfig, batch_from_records
+    from trainer.learning.step.learner import Learner, LearnerConfig, batch_from_records
 
     shape = (args.rows, args.seq_len)
     pool = make_records(300_000, max(args.batch_sizes) * 2, *shape)

@@ -32,7 +32,7 @@ from core.policy.config import ModelConfig
 from core.policy.hf_config import config_from_hf
 from core.policy.model import init_model, split_params
 from core.policy.sampling import Sampler
-from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.step.learner import Learner, LearnerConfig
 
 ROWS, SEQ = 4, 256  # the demo's record shape
 

@@ -47,7 +47,7 @@ from localstack.launch.demo import run_local
 from localstack.launch.demo_config import DemoConfig
 from localstack.launch.plan import PlanConfig
 from trainer.learning.capacity import Measurements, make_plan
-from trainer.learning.feeder import CreditConfig
+from trainer.learning.data.feeder import CreditConfig
 
 # name -> (staleness bound of the plan, or None for sync; demo flags on top)
 SETTINGS: dict[str, tuple[float | None, dict]] = {

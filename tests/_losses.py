@@ -1,6 +1,6 @@
 """Test helper: clipped PPO against the behaviour policy, as policy_loss computes it."""
 
-from trainer.learning.losses import LossConfig, policy_loss
+from trainer.learning.step.losses import LossConfig, policy_loss
 
 
 def ppo_clipped_loss(

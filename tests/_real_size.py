@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from core.policy.config import ModelConfig
 from tests._learner_data import random_record
-from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.step.learner import Learner, LearnerConfig
 
 SMOLLM2_SHAPE = ModelConfig(
     vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, mlp_dim=1536, max_seq_len=256

@@ -14,8 +14,8 @@ from _learner_data import random_record
 from flax import nnx
 
 from core.policy.config import ModelConfig
-from trainer.learning.learner import Learner, LearnerConfig
-from trainer.learning.sharding import make_mesh
+from trainer.learning.step.learner import Learner, LearnerConfig
+from trainer.learning.step.sharding import make_mesh
 
 assert jax.device_count() == 8, jax.devices()
 cfg = ModelConfig(max_seq_len=64, n_heads=4, n_kv_heads=2)

@@ -7,7 +7,7 @@ process 1) and 2 virtual CPU devices each: a (data=4, model=1) mesh across both.
 first: fresh start, publish v0, step 1, checkpoint step 1 (durable), step 2, then keep
 stepping until killed (the test SIGKILLs process 1 here). resume: restore step 1, step 2,
 publish v1, checkpoint step 2, exit. Each process trains on its own share of the records
-(trainer/learning/sharding.py global_batch says why) and writes `<name>-p<pid>.npz`: the
+(trainer/learning/step/sharding.py global_batch says why) and writes `<name>-p<pid>.npz`: the
 step's metrics and the gathered params and optimizer state.
 """
 
@@ -26,11 +26,11 @@ from core.policy.config import ModelConfig
 from core.telemetry import trace
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
 from trainer.learning import builder as B
-from trainer.learning.checkpoint import LearnerCheckpointer
-from trainer.learning.learner import Learner, LearnerConfig, batch_from_records
-from trainer.learning.publisher import PolicyPublisher
+from trainer.learning.persistence.checkpoint import LearnerCheckpointer
+from trainer.learning.persistence.publisher import PolicyPublisher
 from trainer.learning.run_stats import RunStats
-from trainer.learning.sharding import global_batch, make_mesh
+from trainer.learning.step.learner import Learner, LearnerConfig, batch_from_records
+from trainer.learning.step.sharding import global_batch, make_mesh
 from trainer.learning.warmstart import WarmStartConfig
 
 T0 = time.monotonic()

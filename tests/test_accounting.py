@@ -4,7 +4,7 @@ when one is not."""
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer.learning.accounting import format_accounting, trajectory_accounting
+from trainer.learning.data.accounting import format_accounting, trajectory_accounting
 
 counts = st.integers(0, 10_000)
 

@@ -20,8 +20,8 @@ from core.policy import model as model_module
 from core.policy.banded_attention import Band, band_block, banded_attention
 from core.policy.config import FULL, SLIDING, ModelConfig
 from core.policy.model import init_model, segment_causal_mask, split_params, token_logprobs, window_mask
-from trainer.learning.consumer import RecordConsumer
-from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.data.consumer import RecordConsumer
+from trainer.learning.step.learner import Learner, LearnerConfig
 
 SLIDING_CFG = ModelConfig(  # Gemma-like: a sliding layer then a full one, its own score divisor
     d_model=64,

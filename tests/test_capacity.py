@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from core.contracts.record_shape import RecordShape
 from tests._learner_data import random_record
-from trainer.learning.batches import BatchBuffer
 from trainer.learning.builder import read_plan, warn_if_short
 from trainer.learning.capacity import Measurements, check_async, make_plan, predict_sync, shortfall_warning
-from trainer.learning.feeder import TrajectoryCredits
-from trainer.learning.schedule import SyncSchedule
-from trainer.learning.staleness import StalenessConfig, StalenessControl
+from trainer.learning.data.batches import BatchBuffer
+from trainer.learning.data.feeder import TrajectoryCredits
+from trainer.learning.data.staleness import StalenessConfig, StalenessControl
+from trainer.learning.step.schedule import SyncSchedule
 
 
 def _m(**kw):

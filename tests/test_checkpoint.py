@@ -10,7 +10,7 @@ import pytest
 from _trees import abstract, assert_tree_equal
 
 from localstack.emulators import gcs as gcs_emulator
-from trainer.learning.checkpoint import CheckpointError, LearnerCheckpointer
+from trainer.learning.persistence.checkpoint import CheckpointError, LearnerCheckpointer
 
 CONSUMED = {"rec-0001", "récord-é", "記録-2", "emoji-🎲", 'quote-"x"'}
 

@@ -12,7 +12,7 @@ import pytest
 import test_checkpoint as base
 from _trees import abstract, assert_tree_equal
 
-from trainer.learning.checkpoint import MANIFEST, MANIFESTED, CheckpointError, LearnerCheckpointer
+from trainer.learning.persistence.checkpoint import MANIFEST, MANIFESTED, CheckpointError, LearnerCheckpointer
 
 gcs, ckpt_dir = base.gcs, base.ckpt_dir  # the fixtures: a local dir, and gs:// on the emulator
 meta_for, train_state = base.meta_for, base.train_state

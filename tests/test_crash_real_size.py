@@ -20,8 +20,8 @@ import pytest
 
 from tests import _real_size as real
 from trainer.learning.builder import restore_or_initialise
-from trainer.learning.checkpoint import MANIFEST, LearnerCheckpointer
-from trainer.learning.publisher import learner_state_of
+from trainer.learning.persistence.checkpoint import MANIFEST, LearnerCheckpointer
+from trainer.learning.persistence.publisher import learner_state_of
 from trainer.learning.warmstart import WarmStartConfig
 
 pytestmark = pytest.mark.slow
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import pathlib, time
 from tests import _real_size as real
-from trainer.learning.checkpoint import LearnerCheckpointer
-from trainer.learning.publisher import learner_state_of
+from trainer.learning.persistence.checkpoint import LearnerCheckpointer
+from trainer.learning.persistence.publisher import learner_state_of
 learner, ckpt = real.learner(), LearnerCheckpointer({ckpt!r})
 for step in (1, 2, 3):
     learner.train_step([real.record(step)])

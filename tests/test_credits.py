@@ -9,7 +9,7 @@ import time
 import pytest
 
 from core.contracts.record_shape import RecordShape
-from trainer.learning.feeder import CreditConfig, TrajectoryCredits
+from trainer.learning.data.feeder import CreditConfig, TrajectoryCredits
 
 
 # ----------------------------------------------------------------------------- CreditConfig

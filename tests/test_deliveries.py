@@ -1,4 +1,4 @@
-"""At-least-once without loss (trainer/learning/deliveries.py): a record is acked only once
+"""At-least-once without loss (trainer/learning/data/deliveries.py): a record is acked only once
 a durable checkpoint covers it, a crash at any point loses nothing and trains nothing
 twice, and the dedup set stays bounded by the staleness horizon. The ledger against a
 model of Pub/Sub and crashes (property test), then the consumer against the real emulator."""
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from core.contracts import pubsub_io
 from core.contracts.records import encode
 from tests._records_data import make_record
-from trainer.learning.consumer import RecordConsumer
-from trainer.learning.deliveries import Deliveries, DeliveryConfig
+from trainer.learning.data.consumer import RecordConsumer
+from trainer.learning.data.deliveries import Deliveries, DeliveryConfig
 
 CFG = DeliveryConfig(ack_deadline_s=60, extend_every_s=20, max_staleness=2)
 

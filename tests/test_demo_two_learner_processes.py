@@ -1,6 +1,6 @@
 """The main job with a learner of two JAX processes (`--learner_processes 2`): joined as on
 Vertex AI (CLUSTER_SPEC on localhost, gloo), a mesh over both, process 0 owning the data
-plane and the others following it (trainer/learning/lockstep.py). The run finishes, every
+plane and the others following it (trainer/learning/step/lockstep.py). The run finishes, every
 trajectory is accounted for, and both processes took every step."""
 
 import re

@@ -11,7 +11,7 @@ from pipelines.options import rollout_config
 from rollout.engine_config import EngineConfig
 from trainer import task
 from trainer.config import LearnerJobConfig
-from trainer.learning.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
+from trainer.learning.step.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from core.policy.hf_weights import load_checkpoint
 from core.policy.model import init_model, split_params
 from core.policy.rope import inverse_frequencies
 from tests import _hf_tiny as tiny
-from trainer.learning.sharding import make_mesh, param_shardings
+from trainer.learning.step.sharding import make_mesh, param_shardings
 
 FAMILIES = sorted(tiny.FAMILIES)
 CACHE = 24  # one KV-cache length and batch 2 throughout: two compiled decode shapes per family

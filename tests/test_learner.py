@@ -12,7 +12,7 @@ import pytest
 from _learner_data import random_record
 
 from core.policy.config import ModelConfig
-from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.step.learner import Learner, LearnerConfig
 
 HERE = os.path.dirname(__file__)
 
@@ -63,7 +63,7 @@ def test_wrong_batch_size_is_refused():
 def test_kl_to_reference_and_loss_choices_train():
     """Each algorithm and the KL term run through the real jitted step; the KL to the
     reference is 0 before the first update and positive after a few."""
-    from trainer.learning.losses import LossConfig
+    from trainer.learning.step.losses import LossConfig
 
     records = [random_record(7), random_record(8)]
     for loss in (
@@ -117,7 +117,7 @@ def test_learning_rate_warmup_makes_the_first_steps_small():
 def test_learning_rate_decay_ends_at_its_floor(warmup):
     """After the warmup the rate falls monotonically from lr to lr * (1 - lr_decay) at the
     run's last step; without lr_decay it stays at lr."""
-    from trainer.learning.learner import learning_rate_schedule
+    from trainer.learning.step.learner import learning_rate_schedule
 
     cfg = LearnerConfig(learning_rate=1e-3, lr_warmup_steps=warmup, lr_decay=0.9)
     sched = learning_rate_schedule(cfg, total_steps=20)

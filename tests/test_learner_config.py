@@ -16,10 +16,10 @@ from localstack.reports.reconcile import Reconciliation
 from localstack.reports.summary import DemoSummary
 from trainer import task
 from trainer.config import LearnerJobConfig
-from trainer.learning.feeder import CreditConfig
-from trainer.learning.learner import LearnerConfig
-from trainer.learning.losses import LossConfig
-from trainer.learning.staleness import StalenessConfig
+from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.data.staleness import StalenessConfig
+from trainer.learning.step.learner import LearnerConfig
+from trainer.learning.step.losses import LossConfig
 from trainer.learning.warmstart import WarmStartConfig
 
 REQUIRED = {"requests_topic": "projects/p/topics/r", "records_subscription": "projects/p/subs/s", "policy_root": "/x"}

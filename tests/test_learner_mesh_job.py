@@ -21,8 +21,8 @@ from core.policy.model import abstract_tree, init_model, split_params
 from localstack.launch.commands import learner_command
 from localstack.launch.processes import ProcessGroup
 from trainer.config import LearnerJobConfig
-from trainer.learning.learner import LearnerConfig
-from trainer.learning.staleness import StalenessConfig
+from trainer.learning.data.staleness import StalenessConfig
+from trainer.learning.step.learner import LearnerConfig
 
 STEPS, RECORDS = 4, 6
 

@@ -8,7 +8,7 @@ from flax import nnx
 
 from core.policy.config import ModelConfig
 from core.policy.model import token_logprobs
-from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.step.learner import Learner, LearnerConfig
 
 
 def logprobs(learner: Learner, rec) -> np.ndarray:

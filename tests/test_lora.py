@@ -30,8 +30,8 @@ from core.policy.lora import (
 )
 from core.policy.model import Transformer, abstract_tree, init_model
 from tests import _hf_tiny as tiny
-from trainer.learning.learner import Learner, LearnerConfig
-from trainer.learning.publisher import PolicyPublisher
+from trainer.learning.persistence.publisher import PolicyPublisher
+from trainer.learning.step.learner import Learner, LearnerConfig
 
 CFG = ModelConfig(max_seq_len=64)
 LORA = LoraConfig(rank=4, alpha=8.0)
@@ -105,7 +105,7 @@ def test_learner_trains_only_the_adapter():
 
 
 def test_lora_on_a_mesh_trains_the_replicated_adapter():
-    from trainer.learning.sharding import make_mesh
+    from trainer.learning.step.sharding import make_mesh
 
     learner = Learner(CFG, LearnerConfig(batch_records=2, learning_rate=1e-2, lora=LORA), mesh=make_mesh(1, 1))
     frozen_before = _leaves(learner.frozen)
@@ -117,7 +117,7 @@ def test_lora_on_a_mesh_trains_the_replicated_adapter():
 
 
 def test_kl_reference_is_the_adapter_at_start():
-    from trainer.learning.losses import LossConfig
+    from trainer.learning.step.losses import LossConfig
 
     learner = Learner(CFG, LearnerConfig(batch_records=2, learning_rate=1e-2, lora=LORA, loss=LossConfig(kl_coef=0.1)))
     learner.set_reference(learner.params)

@@ -11,7 +11,7 @@ import pytest
 from _losses import ppo_clipped_loss
 
 from core.rl.advantages import ADVANTAGE_ESTIMATORS, dr_grpo_advantages, grpo_advantages, rloo_advantages
-from trainer.learning.losses import LOG_RATIO_CLAMP, entropy, masked_mean
+from trainer.learning.step.losses import LOG_RATIO_CLAMP, entropy, masked_mean
 
 
 # ----------------------------------------------------------------------------- GRPO advantages

@@ -1,4 +1,4 @@
-"""The off-policy side of trainer/learning/losses.py against hand-computed numbers: aggregation
+"""The off-policy side of trainer/learning/step/losses.py against hand-computed numbers: aggregation
 over packed rows, GSPO-token, truncated importance sampling, decoupled PPO, the KL
 estimators, extreme ratios, the config's checks, jit and the non-finite guard."""
 
@@ -13,7 +13,7 @@ from _losses import ppo_clipped_loss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.learning.losses import (
+from trainer.learning.step.losses import (
     AGGREGATIONS,
     ALGORITHMS,
     KL_ESTIMATORS,

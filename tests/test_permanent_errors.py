@@ -18,8 +18,8 @@ from core.contracts import pubsub_io
 from core.contracts.store import PolicyStore, StoreAccessError, StoreError
 from localstack.emulators import gcs as gcs_emulator
 from tests import _commands as commands
-from trainer.learning.consumer import RecordConsumer
-from trainer.learning.feeder import Feeder
+from trainer.learning.data.consumer import RecordConsumer
+from trainer.learning.data.feeder import Feeder
 
 REPO = Path(__file__).resolve().parents[1]
 FAIL_FAST_S = 10.0  # the bound, from the first use (or the start-up check) to the error
@@ -88,7 +88,7 @@ def test_first_pull_from_a_missing_subscription_raises_at_once(pubsub_emulator):
 
 def test_the_feeder_stops_on_a_missing_topic_instead_of_retrying(pubsub_emulator):
     from environments import make_tasks
-    from trainer.learning.feeder import TrajectoryCredits
+    from trainer.learning.data.feeder import TrajectoryCredits
 
     wrong = pubsub_emulator.topic_path("missing-requests")
     tasks = make_tasks("calculator", 0, 100, "train")

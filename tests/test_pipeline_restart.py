@@ -16,7 +16,7 @@ from core.contracts.run_summary import RunSummary
 from core.telemetry.scalars import read_rows
 from localstack.launch.processes import ProcessGroup
 from tests import _commands as commands
-from trainer.learning.feeder import Feeder, TrajectoryCredits
+from trainer.learning.data.feeder import Feeder, TrajectoryCredits
 
 
 def _pipeline_cmd(emu, subs, topics, store):

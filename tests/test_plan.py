@@ -15,7 +15,7 @@ from localstack.launch import plan
 from localstack.launch.processes import ProcessGroup
 from tests._learner_data import random_record
 from trainer.learning import builder
-from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.step.learner import Learner, LearnerConfig
 from trainer.learning.warmstart import WarmStartConfig
 
 

@@ -15,8 +15,8 @@ from core.policy.model import abstract_model, split_params
 from core.policy.sources import policy_metadata
 from core.policy.versions import VersionLoader, base_params
 from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
-from trainer.learning.learner import Learner, LearnerConfig
-from trainer.learning.publisher import PolicyPublisher
+from trainer.learning.persistence.publisher import PolicyPublisher
+from trainer.learning.step.learner import Learner, LearnerConfig
 
 
 def _template(cfg):

@@ -4,7 +4,7 @@ remainders are what was still in flight, never negative; a negative one is a mis
 import json
 
 from localstack.reports.reconcile import format_reconciliation, reconcile, rollout_totals
-from trainer.learning.accounting import trajectory_accounting
+from trainer.learning.data.accounting import trajectory_accounting
 
 
 def _accounting(**kw):

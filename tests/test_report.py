@@ -12,7 +12,7 @@ import numpy as np
 from core.contracts.run_summary import RunSummary
 from localstack.reports import report, timeline, tracking
 from localstack.reports.summary import DemoSummary
-from trainer.learning.accounting import trajectory_accounting
+from trainer.learning.data.accounting import trajectory_accounting
 
 T0 = 1_800_000_000.0  # unix seconds the fabricated run starts at
 FIRST_TRAIN_S = 6.0 + 1.2  # warm start 6 s, then 1.2 s waiting for the first batch

@@ -14,8 +14,8 @@ from core.contracts.store import PolicyStore
 from core.telemetry.scalars import read_rows
 from localstack.launch.processes import ProcessGroup
 from tests import _commands as commands
-from trainer.learning.checkpoint import LearnerCheckpointer
-from trainer.learning.consumer import RecordConsumer
+from trainer.learning.data.consumer import RecordConsumer
+from trainer.learning.persistence.checkpoint import LearnerCheckpointer
 
 
 def _learner_cmd(emu, topics, subs, store, ckpt, max_steps, logdir, summary=None):

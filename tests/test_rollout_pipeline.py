@@ -16,7 +16,7 @@ from core.policy.config import ModelConfig
 from core.policy.model import init_model, split_params
 from localstack.launch.processes import ProcessGroup
 from tests import _commands as commands
-from trainer.learning.consumer import RecordConsumer
+from trainer.learning.data.consumer import RecordConsumer
 
 
 def _pull_until(sub, path, n, timeout_s):

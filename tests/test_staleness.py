@@ -3,7 +3,7 @@
 import pytest
 from _learner_data import random_record
 
-from trainer.learning.staleness import StalenessConfig, StalenessControl
+from trainer.learning.data.staleness import StalenessConfig, StalenessControl
 
 
 def record_of_version(v: int, seed: int = 0):

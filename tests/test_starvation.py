@@ -3,7 +3,7 @@
 import pytest
 
 from core.contracts.run_summary import Accounting
-from trainer.learning.starvation import StarvationConfig, StarvationWatch, describe
+from trainer.learning.data.starvation import StarvationConfig, StarvationWatch, describe
 
 
 class Clock:

@@ -24,9 +24,9 @@ from core.policy.config import ModelConfig
 from core.policy.logprobs import token_logprobs_and_entropy
 from core.policy.model import init_model, token_logprobs
 from localstack.launch.processes import ProcessGroup
-from trainer.learning import losses, memory
-from trainer.learning.gradients import ComputeConfig
-from trainer.learning.learner import Learner, LearnerConfig
+from trainer.learning.step import losses, memory
+from trainer.learning.step.gradients import ComputeConfig
+from trainer.learning.step.learner import Learner, LearnerConfig
 
 CFG = ModelConfig(max_seq_len=64, vocab_size=300)
 

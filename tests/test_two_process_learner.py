@@ -27,7 +27,7 @@ from _two_process_worker import LEARNER, MODEL, batch_records
 
 from core.contracts.store import PolicyStore
 from localstack.launch.processes import ProcessGroup, group_alive
-from trainer.learning.checkpoint import LearnerCheckpointer
+from trainer.learning.persistence.checkpoint import LearnerCheckpointer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -115,7 +115,7 @@ def one_process_step() -> tuple[dict, list[np.ndarray], list[np.ndarray], list[n
     import jax
     from flax import nnx
 
-    from trainer.learning.learner import Learner
+    from trainer.learning.step.learner import Learner
 
     learner = Learner(MODEL, LEARNER)
     metrics = learner.train_step(batch_records(1))

@@ -132,7 +132,7 @@ def test_demonstrations_in_a_checkpoints_format_put_the_loss_on_its_assistant_tu
 def test_behaviour_cloning_through_lora_adapters_in_the_checkpoints_format(qwen2):
     from core.policy.chat_format import chat_format_for
     from core.policy.lora import LoraConfig
-    from trainer.learning.learner import Learner, LearnerConfig
+    from trainer.learning.step.learner import Learner, LearnerConfig
 
     learner = Learner(qwen2.cfg, LearnerConfig(batch_records=1, lora=LoraConfig(rank=4)), model=qwen2.model)
     base = jax.tree.map(np.array, learner.frozen)

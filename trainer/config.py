@@ -15,11 +15,11 @@ import dataclasses
 from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs
-from trainer.learning.deliveries import DeliveryConfig
-from trainer.learning.feeder import CreditConfig
-from trainer.learning.learner import LearnerConfig
-from trainer.learning.staleness import StalenessConfig
-from trainer.learning.starvation import StarvationConfig
+from trainer.learning.data.deliveries import DeliveryConfig
+from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.data.staleness import StalenessConfig
+from trainer.learning.data.starvation import StarvationConfig
+from trainer.learning.step.learner import LearnerConfig
 from trainer.learning.warmstart import WarmStartConfig
 
 # Flags Vertex AI's environment sets by default (applied in trainer.task.main, never here).

@@ -23,10 +23,10 @@ from core.contracts.store import StoreAccessError
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
 from trainer.config import VERTEX_ENV_DEFAULTS, LearnerJobConfig
 from trainer.learning import builder
-from trainer.learning.accounting import format_accounting
-from trainer.learning.lockstep import STOP, Lockstep
-from trainer.learning.memory import StepDoesNotFit
+from trainer.learning.data.accounting import format_accounting
 from trainer.learning.run_stats import RunStats
+from trainer.learning.step.lockstep import STOP, Lockstep
+from trainer.learning.step.memory import StepDoesNotFit
 
 log = logging.getLogger("trainer")
 

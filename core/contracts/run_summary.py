@@ -24,7 +24,7 @@ class SchemaError(ValueError):
 
 @dataclasses.dataclass
 class Accounting:
-    """Where every trajectory the learner asked for ended up (trainer/learning/accounting.py):
+    """Where every trajectory the learner asked for ended up (trainer/learning/data/accounting.py):
     requested = received + dropped by the pipeline + written off + in flight - late - foreign,
     received = trained + dropped stale + buffered at the end."""
 
@@ -54,7 +54,7 @@ class DedupIds:
 
 @dataclasses.dataclass
 class SyncRounds:
-    """The synchronous baseline's rounds (trainer/learning/schedule.py)."""
+    """The synchronous baseline's rounds (trainer/learning/step/schedule.py)."""
 
     rounds: int = 0
     extra_steps: int = 0  # steps beyond publish_every, when a round's records did not fit

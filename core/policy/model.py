@@ -40,7 +40,7 @@ def window_mask(positions: jax.Array, window: int) -> jax.Array:
 
 def _linear(d_in: int, d_out: int, axes: tuple[str, str], rngs: nnx.Rngs, bias: bool = False) -> nnx.Linear:
     """A Linear whose kernel (and bias, if any) carries logical axis names
-    (trainer/learning/sharding.py maps them onto the mesh)."""
+    (trainer/learning/step/sharding.py maps them onto the mesh)."""
     init = nnx.with_partitioning(nnx.initializers.lecun_normal(), axes)
     bias_init = nnx.with_partitioning(nnx.initializers.zeros_init(), axes[1:])
     return nnx.Linear(d_in, d_out, use_bias=bias, kernel_init=init, bias_init=bias_init, rngs=rngs)
@@ -286,7 +286,7 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 def init_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
-    """Parameters carry logical axis names as metadata only; trainer/learning/sharding.py places
+    """Parameters carry logical axis names as metadata only; trainer/learning/step/sharding.py places
     them on a mesh when there is one (eager sharding would demand a mesh here)."""
     with nnx.use_eager_sharding(False):
         return Transformer(cfg, nnx.Rngs(seed))

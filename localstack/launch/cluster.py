@@ -4,7 +4,7 @@ Each process gets the `CLUSTER_SPEC` Vertex AI sets (workerpool0: the primary, p
 workerpool1: the others), with every address on 127.0.0.1, so the learner's own start-up
 (trainer/cloud/distributed.py) runs `jax.distributed.initialize` exactly as it would on
 Vertex, with CPU collectives over gloo. Process 0 owns the data plane; the others follow
-it (trainer/learning/lockstep.py). Logs: learner.log (process 0), learner-1.log, ...
+it (trainer/learning/step/lockstep.py). Logs: learner.log (process 0), learner-1.log, ...
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ from core.sections import EnvChoice, ModelChoice
 from localstack.launch.staleness_evidence import default_bound
 from rollout.engine_config import EngineConfig
 from trainer.learning.capacity import Measurements, make_plan
-from trainer.learning.feeder import CreditConfig
-from trainer.learning.gradients import ComputeConfig
-from trainer.learning.learner import LearnerConfig
+from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.step.gradients import ComputeConfig
+from trainer.learning.step.learner import LearnerConfig
 
 DEFAULT_PIPELINE_S = 1.0  # request publish + bundle + commit + record publish + poll (docs/BENCHMARKS.md)
 
@@ -200,9 +200,9 @@ def measure_learner(
     """The packer's records for these lengths, and the learner's step on them (banded: as the
     job's learner, attention within a trajectory's span; else dense over the row), with the
     learner's memory settings and LoRA: the step the run will take, refused before it runs
-    if it cannot fit (trainer/learning/memory.py)."""
+    if it cannot fit (trainer/learning/step/memory.py)."""
     from pipelines.packing import pack
-    from trainer.learning.learner import Learner
+    from trainer.learning.step.learner import Learner
 
     shape = layout.largest
     need = batch_records * shape.max_trajectories * 2

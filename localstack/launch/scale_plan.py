@@ -29,8 +29,8 @@ from core.policy.hf_config import config_from_hf, read_hf_config
 from environments.latency import LatencyModel
 from localstack.launch import scale_model as sm
 from localstack.launch.accelerators import parse_slice
-from trainer.learning.feeder import CreditConfig
-from trainer.learning.learner import LearnerConfig
+from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.step.learner import LearnerConfig
 
 # config.json of real checkpoints (the keys that size them), as their model cards ship them.
 PRESETS = {

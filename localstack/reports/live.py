@@ -134,7 +134,7 @@ class RunState:
 
 
 def learner_waiting(workdir: Path) -> str | None:
-    """What the learner last said it waits for (trainer/learning/starvation.py), or None."""
+    """What the learner last said it waits for (trainer/learning/data/starvation.py), or None."""
     try:
         return json.loads((Path(workdir) / "logs" / "learner" / "status.json").read_text()).get("waiting")
     except (OSError, ValueError, AttributeError):

@@ -28,7 +28,7 @@ from localstack.reports.reconcile import Reconciliation, format_reconciliation
 from localstack.reports.summary import DemoSummary, read_summary
 from localstack.reports.timeline import render_timeline
 from localstack.reports.tracking import reward_tracking, tracking_text
-from trainer.learning.accounting import format_accounting
+from trainer.learning.data.accounting import format_accounting
 
 DPI = 100
 DEFAULT_TARGET = 0.9
@@ -339,7 +339,7 @@ def _files_section(wd: Path) -> list[str]:
 
 
 def _accounting_section(acc: Accounting | None, joined: Reconciliation | None = None) -> list[str]:
-    """The learner's two trajectory balances (trainer/learning/accounting.py) and, joined to
+    """The learner's two trajectory balances (trainer/learning/data/accounting.py) and, joined to
     them, the rollout side's counts (localstack/reports/reconcile.py); a mismatch in bold."""
     lines = ["## Where every trajectory went", ""]
     if not acc:

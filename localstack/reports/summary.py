@@ -15,7 +15,7 @@ from core.contracts.run_summary import RunSummary
 from localstack.reports import reconcile
 from localstack.reports.heldout import format_held_out
 from localstack.reports.reconcile import Reconciliation
-from trainer.learning.accounting import format_accounting
+from trainer.learning.data.accounting import format_accounting
 
 DEMO_SCHEMA_VERSION = 1
 

@@ -23,19 +23,19 @@ from core.policy.sources import policy_spec
 from core.telemetry import scalars, trace
 from trainer.cloud.distributed import is_primary
 from trainer.config import LearnerJobConfig, parse_mesh
-from trainer.learning.batches import BatchBuffer
 from trainer.learning.capacity import Measurements, shortfall_warning
-from trainer.learning.checkpoint import LearnerCheckpointer
-from trainer.learning.consumer import RecordConsumer
-from trainer.learning.data_plane import DataPlane
-from trainer.learning.feeder import CreditConfig, Feeder, TrajectoryCredits
-from trainer.learning.learner import Learner
-from trainer.learning.lockstep import FollowerPlane
-from trainer.learning.publisher import PolicyPublisher, learner_state_of
-from trainer.learning.schedule import AsyncSchedule, SyncSchedule
-from trainer.learning.sharding import make_mesh
-from trainer.learning.staleness import StalenessControl
-from trainer.learning.starvation import StarvationWatch
+from trainer.learning.data.batches import BatchBuffer
+from trainer.learning.data.consumer import RecordConsumer
+from trainer.learning.data.data_plane import DataPlane
+from trainer.learning.data.feeder import CreditConfig, Feeder, TrajectoryCredits
+from trainer.learning.data.staleness import StalenessControl
+from trainer.learning.data.starvation import StarvationWatch
+from trainer.learning.persistence.checkpoint import LearnerCheckpointer
+from trainer.learning.persistence.publisher import PolicyPublisher, learner_state_of
+from trainer.learning.step.learner import Learner
+from trainer.learning.step.lockstep import FollowerPlane
+from trainer.learning.step.schedule import AsyncSchedule, SyncSchedule
+from trainer.learning.step.sharding import make_mesh
 from trainer.learning.telemetry import LearnerTelemetry
 from trainer.learning.warmstart import WarmStartConfig, warm_start
 
@@ -89,7 +89,7 @@ def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
         tokenizer_source=spec.tokenizer_source,
     )
     # The one compile the run's record shape needs, now: a step that cannot fit in memory is
-    # refused with the numbers before the warm start (trainer/learning/memory.py).
+    # refused with the numbers before the warm start (trainer/learning/step/memory.py).
     shape = cfg.record_layout.largest
     found = learner.compile_for(cfg.learner.batch_records * shape.rows, shape.seq_len)
     log.info(
@@ -302,7 +302,7 @@ def make_consumer(cfg: LearnerJobConfig, layout: RecordLayout, start: Start, che
 def make_data_plane(cfg: LearnerJobConfig, tasks, publisher, start: Start, checkpointer, stats, tel) -> DataPlane:
     """The consumer, feeder, credits, batch buffer, staleness control and schedule, as one."""
     if not is_primary():
-        return FollowerPlane()  # one data plane per job, in process 0 (trainer/learning/lockstep.py)
+        return FollowerPlane()  # one data plane per job, in process 0 (trainer/learning/step/lockstep.py)
     layout = cfg.record_layout
     staleness, credits = StalenessControl(cfg.staleness), make_credits(cfg.credits)
     plan = read_plan(cfg.plan)

@@ -34,8 +34,8 @@ from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.logprobs import token_logprobs_and_entropy
 from core.policy.tokenizer import BYTE_TOKENIZER
 from environments.registry import DEFAULT_STYLE
-from trainer.learning import gradients, memory
-from trainer.learning.gradients import ComputeConfig
+from trainer.learning.step import gradients, memory
+from trainer.learning.step.gradients import ComputeConfig
 
 SCHEDULES = ("constant", "cosine")
 DIRECT_AT = ("first_turn", "any_turn")
@@ -197,7 +197,7 @@ def _sft_loss(graphdef, frozen, remat: bool, chunk: int, params, batch):
 
 
 def _sft_step(graphdef, tx, compute: ComputeConfig, remat: bool, params, opt_state, frozen, batch):
-    """One supervised step on the learner's path (trainer/learning/gradients.py): remat,
+    """One supervised step on the learner's path (trainer/learning/step/gradients.py): remat,
     log-probs in chunks, micro-batches."""
     rows, seq_len = batch["tokens"].shape
     total = jnp.maximum(batch["loss_mask"].sum(), 1).astype(jnp.float32)

@@ -27,7 +27,7 @@ import dataclasses
 import time
 
 from core.config import configclass, derived, knob
-from trainer.learning.staleness import StalenessConfig
+from trainer.learning.data.staleness import StalenessConfig
 
 
 @configclass

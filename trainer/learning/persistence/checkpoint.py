@@ -18,7 +18,7 @@ policy versions are numbered from the store's LATEST (resume with
 max(LATEST, checkpoint version) + 1), so a crash after a publish but before the
 checkpoint is durable only costs the steps since the last durable checkpoint; the records
 trained meanwhile come back from Pub/Sub, because the consumer acks a record only once a
-durable checkpoint covers it (trainer/learning/deliveries.py). Call wait_until_finished() (or
+durable checkpoint covers it (trainer/learning/data/deliveries.py). Call wait_until_finished() (or
 save(..., wait=True)) where the caller needs durability, e.g. before exiting.
 """
 

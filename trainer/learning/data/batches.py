@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.contracts.record_shape import RecordShape
-from trainer.learning.staleness import StalenessControl
+from trainer.learning.data.staleness import StalenessControl
 
 
 class BatchBuffer:

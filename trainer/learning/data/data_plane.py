@@ -6,7 +6,7 @@ synchronous rounds). The loop in trainer/task.py asks it for the next batch, tel
 batch was trained (`settle`), when to publish, and which record ids the checkpoint must
 hold; the credits a record returns, the requests written off and asked again, and a sync
 round's batches not yet trained are its own business. At the end it says where every
-trajectory went (`summary`, trainer/learning/accounting.py).
+trajectory went (`summary`, trainer/learning/data/accounting.py).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import time
 
 from core.contracts.record_shape import RecordLayout
 from core.contracts.run_summary import Accounting, RunSummary
-from trainer.learning.accounting import trajectory_accounting
-from trainer.learning.batches import BatchBuffer
-from trainer.learning.consumer import RecordConsumer
-from trainer.learning.feeder import Feeder, TrajectoryCredits
+from trainer.learning.data.accounting import trajectory_accounting
+from trainer.learning.data.batches import BatchBuffer
+from trainer.learning.data.consumer import RecordConsumer
+from trainer.learning.data.feeder import Feeder, TrajectoryCredits
+from trainer.learning.data.staleness import StalenessControl
+from trainer.learning.data.starvation import StarvationWatch
 from trainer.learning.run_stats import RunStats
-from trainer.learning.schedule import AsyncSchedule, SyncSchedule
-from trainer.learning.staleness import StalenessControl
-from trainer.learning.starvation import StarvationWatch
+from trainer.learning.step.schedule import AsyncSchedule, SyncSchedule
 
 log = logging.getLogger("learner")
 POLL_MAX_MESSAGES, POLL_TIMEOUT_S = 100, 1.0

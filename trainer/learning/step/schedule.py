@@ -17,8 +17,8 @@ import time
 
 from core.contracts.records import PackedRecord, empty_record_arrays
 from core.contracts.run_summary import SyncRounds
-from trainer.learning.batches import BatchBuffer
-from trainer.learning.feeder import TrajectoryCredits
+from trainer.learning.data.batches import BatchBuffer
+from trainer.learning.data.feeder import TrajectoryCredits
 
 log = logging.getLogger(__name__)
 PADDING_ID = "padding"

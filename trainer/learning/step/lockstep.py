@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 
 from core.contracts.records import ARRAY_SPECS
 from trainer.cloud.distributed import is_primary
-from trainer.learning.learner import BATCH_FIELDS
+from trainer.learning.step.learner import BATCH_FIELDS
 
 STOP = "stop"  # the loop's end, decided by process 0 (max steps, a signal)
 _STOP, _IDLE, _TRAIN = 0, 1, 2

@@ -1,5 +1,5 @@
 """Pulls packed records from Pub/Sub, validates them, dead-letters what is invalid, and
-acks a record only once it can no longer be lost (trainer/learning/deliveries.py)."""
+acks a record only once it can no longer be lost (trainer/learning/data/deliveries.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from google.api_core import exceptions as gexc
 
 from core.contracts import pubsub_io
 from core.contracts.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
-from trainer.learning.deliveries import Deliveries, DeliveryConfig
-from trainer.learning.schedule import PADDING_ID
+from trainer.learning.data.deliveries import Deliveries, DeliveryConfig
+from trainer.learning.step.schedule import PADDING_ID
 
 log = logging.getLogger(__name__)
 

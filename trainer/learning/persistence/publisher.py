@@ -10,8 +10,8 @@ from core.contracts.store import PolicyStore
 from core.policy.lora import adapter_metadata
 from core.policy.sources import policy_metadata
 from trainer.cloud.distributed import is_primary as primary_process
-from trainer.learning.checkpoint import LearnerCheckpointer
-from trainer.learning.learner import Learner
+from trainer.learning.persistence.checkpoint import LearnerCheckpointer
+from trainer.learning.step.learner import Learner
 
 
 def learner_state_of(learner: Learner) -> dict:

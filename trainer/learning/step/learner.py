@@ -25,8 +25,8 @@ from core.policy.lora import LoraConfig, add_lora, merge, split_lora
 from core.policy.model import Transformer, init_model, split_params
 from core.policy.sources import BYTE
 from core.policy.tokenizer import BYTE_TOKENIZER
-from trainer.learning import gradients, losses, memory, sharding
-from trainer.learning.gradients import ComputeConfig
+from trainer.learning.step import gradients, losses, memory, sharding
+from trainer.learning.step.gradients import ComputeConfig
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_logprobs", "advantages")
 
