@@ -43,10 +43,12 @@ lint: $(STAMP)
 UNIT := -m 'not e2e and not slow' -n 2
 # XLA compiles bind the tiers: a persistent compilation cache lets a test's processes (both
 # workers, the e2e tier's learners) reuse what another compiled, and the next run reuse it
-# all. Keyed by JAX, XLA and the program, so a stale entry is never used; capped at 2 GB.
+# all (compiles of 0.1 s and up). Keyed by JAX, XLA and the program, so a stale entry is
+# never used; capped at 2 GB.
 JAX_CACHE ?= $(HOME)/.cache/agentic-rl/jax-test-cache
 test test-fast test-slow: export JAX_COMPILATION_CACHE_DIR = $(JAX_CACHE)
 test test-fast test-slow: export JAX_COMPILATION_CACHE_MAX_SIZE = 2000000000
+test test-fast test-slow: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS = 0.1
 test: $(STAMP) system-deps lint
 	$(PY) -m pytest -q $(UNIT) $(ARGS) tests; u=$$?; \
 	$(PY) -m pytest -q -m 'e2e and not slow' $(ARGS) tests; e=$$?; \

@@ -59,6 +59,12 @@ class SoakConfig:
     out: str | None = knob(None, "samples, report and plot (unset: runs/soak-TIMESTAMP)")
     workdir: str | None = knob(None, "the demo's --workdir (unset: OUT/workdir)")
     report_only: str | None = knob(None, "rebuild report and plot from this OUT's samples")
+    tracemalloc: int = knob(
+        0,
+        "frames per site: the rollout workers and the evaluator trace Python's allocations and write "
+        "WORKDIR/logs/<process>/tracemalloc.txt, the sites grown most since their first sample (0: off)",
+        ge=0,
+    )
     demo_flags: tuple[str, ...] = derived((), "the flags after `--`, for the demo")
 
 
@@ -289,8 +295,15 @@ def run(args) -> int:
     samples, how, demo, tree = [], "the soak failed before the demo started", None, None
     try:
         with open(out / "demo.log", "wb") as log:
+            env = {**os.environ, **({"AGENTIC_RL_TRACEMALLOC": str(args.tracemalloc)} if args.tracemalloc else {})}
             demo = subprocess.Popen(
-                cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         print(f"soak: demo pid {demo.pid}, {args.minutes} min, log {out / 'demo.log'}", flush=True)
         tree, tel = TreeSampler(demo.pid), TelemetrySampler(workdir, demo_cfg.group_size)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import environments
-from core import config
+from core import config, process_memory
 from core.config import configclass, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.store import PolicyStore, StoreError
@@ -106,6 +106,7 @@ def final_version(stop_file: str | None) -> int | None:
 
 
 def run(args: EvaluatorConfig) -> list[dict]:
+    process_memory.start_tracing()  # with AGENTIC_RL_TRACEMALLOC (a soak): where memory grows
     writer, tracer = (
         scalars.make_writer(args.telemetry.logdir, "evaluator"),
         trace.make_tracer(args.telemetry.trace_dir, "evaluator"),
@@ -185,7 +186,10 @@ def _run(args, writer, tracer) -> list[dict]:
             rows.append(row)
             scored.setdefault(version, set()).add(mode)
             # Step: the learner step that published the version, so eval/ lines up with losses/.
-            writer.write(row["step"] if row["step"] is not None else version, eval_scalars(row))
+            memory = process_memory.sample({"mem/compiled_variants": sampler.compiled_variants()})
+            writer.write(row["step"] if row["step"] is not None else version, {**eval_scalars(row), **memory})
+            if local := getattr(writer, "_local", None):  # with AGENTIC_RL_TRACEMALLOC: what grew
+                process_memory.write_growth(local / "tracemalloc.txt")
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             log.info(

@@ -70,6 +70,7 @@ class RolloutWorker:
             "groups_queued": self.groups_queued,
             "episodes_in_flight": self.episodes_in_flight,
             "engine_busy_s": self.engine.stats["busy_s"],
+            "compiled_variants": self.engine.sampler.compiled_variants(),
         }
 
     @property

@@ -1,0 +1,85 @@
+"""Where a long-running process's memory goes: the numbers that tell a leak's kind apart.
+
+`sample()` returns `mem/...` gauges for a telemetry row: resident size, glibc's heap (in
+use against free but kept: fragmentation looks like growth in RSS alone), Python's objects,
+JAX's live arrays and, with tracemalloc on, Python's traced allocations. With
+`AGENTIC_RL_TRACEMALLOC=FRAMES` in the environment, `write_growth(path)` writes the
+allocation sites that grew most since the first sample (benchmarks/soak.py turns it on).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import sys
+import threading
+import tracemalloc
+from pathlib import Path
+
+from core import heap
+
+MB = 1 << 20
+_FIRST: list[tracemalloc.Snapshot] = []
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+def _mallinfo() -> _MallInfo2 | None:
+    libc = heap._libc()
+    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if fn is None:
+        return None
+    fn.restype = _MallInfo2
+    return fn()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
+
+
+def start_tracing() -> bool:
+    """Starts tracemalloc when AGENTIC_RL_TRACEMALLOC asks (its value: frames per site)."""
+    frames = int(os.environ.get("AGENTIC_RL_TRACEMALLOC", "0") or 0)
+    if frames > 0 and not tracemalloc.is_tracing():
+        tracemalloc.start(frames)
+    return tracemalloc.is_tracing()
+
+
+def sample(extra: dict | None = None) -> dict:
+    """This process's memory now, as `mem/...` gauges (MB, counts)."""
+    row = {"mem/rss_mb": round(_rss_mb(), 1), "mem/threads": threading.active_count()}
+    if (info := _mallinfo()) is not None:
+        row["mem/heap_in_use_mb"] = round((info.uordblks + info.hblkhd) / MB, 1)
+        row["mem/heap_free_kept_mb"] = round(info.fordblks / MB, 1)
+    row["mem/gc_objects"] = len(gc.get_objects())
+    if "jax" in sys.modules:  # never imports JAX itself
+        arrays = sys.modules["jax"].live_arrays()
+        row["mem/jax_live_arrays"] = len(arrays)
+        row["mem/jax_live_mb"] = round(sum(a.nbytes for a in arrays) / MB, 1)
+    if tracemalloc.is_tracing():
+        row["mem/traced_mb"] = round(tracemalloc.get_traced_memory()[0] / MB, 1)
+    row.update(extra or {})
+    return row
+
+
+def write_growth(path: str | Path, top: int = 15) -> None:
+    """With tracemalloc on: the `top` allocation sites grown most since the first call."""
+    if not tracemalloc.is_tracing():
+        return
+    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    if not _FIRST:
+        _FIRST.append(snap)
+        return
+    stats = snap.compare_to(_FIRST[0], "traceback")[:top]
+    lines = [
+        f"{s.size_diff / MB:+.2f} MB in {s.count_diff:+d} blocks\n  " + "\n  ".join(s.traceback.format()) for s in stats
+    ]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n")
