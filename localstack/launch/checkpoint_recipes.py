@@ -13,10 +13,10 @@ has the runs and the commands):
   block with a nested expression, end of turn included) is 34 tokens; the byte policy's 32
   cut it.
 - Warm start: zero-shot the model solves 0 of 64 held-out tasks, sampled or greedy (it
-  answers in prose or writes calls that are not JSON), so RL alone has no signal. 32 steps
-  of 4 demonstrations in its own chat format at 3e-4 (4 warmup steps, cosine): 6.7 minutes
-  of the hour (run 4: v0 0.621; 40 steps gave 0.707 and 48 gave 0.645, all above the 0.6
-  asked, and RL had room each time). The demonstrations call the tool once with the whole expression
+  answers in prose or writes calls that are not JSON), so RL alone has no signal. 28 steps
+  of 4 demonstrations in its own chat format at 3e-4 (4 warmup steps, cosine): 6.4 minutes
+  of the hour (run 6: v0 0.367, under the 0.6 asked, so RL has room; 32 steps gave 0.621,
+  40 gave 0.707 and 48 gave 0.645). The demonstrations call the tool once with the whole expression
   (the calculator's BY_ENV below); a fifth of them answer at once, the decision RL keeps.
   With half answering at once the model called well but did not answer with the result
   (v0 held-out sampled 0.016-0.031 in probes): it needs the copy demonstrated more often
@@ -26,10 +26,11 @@ has the runs and the commands):
   this model: 5,760 tokens a step, 2.0-3.3 minutes of compute beside rollout and evaluation,
   1.2-1.8 with no evaluator running), records waiting up to 30 s to fill (a group reaches
   the packer minutes after the last), a version every step, a constant 5e-5. 10 steps:
-  run 2 reached +0.2 at v4 and 0.996 at v12, and took 62.7 minutes with 12; run 4, this
-  recipe, 0.621 -> 0.992 at v10 in 44.0 minutes. The evaluator at nice 10 scores greedy
-  only at v0 and the final version (`--eval_greedy_at=ends`), which cost run 2 three
-  minutes at its end.
+  run 2 reached +0.2 at v4 and 0.996 at v12, and took 62.7 minutes with 12; run 4 (32
+  warm-start steps) 0.621 -> 0.992 at v10 in 44.0 minutes; run 6, this recipe, 0.367 ->
+  0.961 at v8 and 0.770 at v10 in 45.8 minutes (its last step lost 0.19: see RESULTS).
+  The evaluator at nice 10 scores greedy only at v0 and the final version
+  (`--eval_greedy_at=ends`), which cost run 2 three minutes at its end.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
   engine on a core, and a real model's turn takes seconds; the byte policy's 120 s cut
   episodes by wall clock, not behaviour (45 of 64 held-out episodes "timed out" in a probe).
@@ -43,7 +44,7 @@ from __future__ import annotations
 # Settings every checkpoint gets, whatever its environment.
 COMMON: tuple[str, ...] = (
     "--max_new_tokens_per_turn=48",
-    "--warmstart_steps=32",
+    "--warmstart_steps=28",
     "--warmstart_batch=4",
     "--warmstart_tasks=400",
     "--warmstart_direct_frac=0.2",
