@@ -188,8 +188,8 @@ def _run(args, writer, tracer) -> list[dict]:
             # Step: the learner step that published the version, so eval/ lines up with losses/.
             memory = process_memory.sample({"mem/compiled_variants": sampler.compiled_variants()})
             writer.write(row["step"] if row["step"] is not None else version, {**eval_scalars(row), **memory})
-            if local := getattr(writer, "_local", None):  # with AGENTIC_RL_TRACEMALLOC: what grew
-                process_memory.write_growth(local / "tracemalloc.txt")
+            if writer.local_dir is not None:  # with AGENTIC_RL_TRACEMALLOC: what grew
+                process_memory.write_growth(writer.local_dir / "tracemalloc.txt")
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             log.info(

@@ -99,8 +99,8 @@ class RolloutTelemetry:
         if now - self._memory_at >= MEMORY_EVERY_S:  # a long run's growth, told apart by kind
             self._memory_at = now
             row.update(process_memory.sample())
-            if local := getattr(self.writer, "_local", None):
-                process_memory.write_growth(local / "tracemalloc.txt")
+            if self.writer.local_dir is not None:
+                process_memory.write_growth(self.writer.local_dir / "tracemalloc.txt")
         return row
 
     def write_row(self) -> None:

@@ -5,7 +5,6 @@ that holds its section, through the argv the demo starts that process with."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -134,4 +133,4 @@ def test_a_process_alone_still_takes_every_flag():
         ["--requests_topic=t", "--records_subscription=s", "--policy_root=/p", "--env=guess", "--model=/m"],
     )
     assert (learner.env.name, learner.model.checkpoint) == ("guess", "/m")
-    assert json.loads(json.dumps(learner.env.settings)) == {}
+    assert learner.env.settings == {}  # no tool latency unless asked

@@ -130,7 +130,7 @@ def _traj(status="finished", generated=10, latency_s=0.3, reward=1.0):
 def test_rollout_rows_turn_counts_into_rates_and_a_latency_histogram():
     now = [100.0]
     rows = []
-    writer = SimpleNamespace(write=lambda step, row: rows.append((step, row)), close=lambda: None)
+    writer = SimpleNamespace(write=lambda step, row: rows.append((step, row)), close=lambda: None, local_dir=None)
     tel = RolloutTelemetry(writer, trace.NULL, clock=lambda: now[0])
     busy = [0.0]
     tel.source = lambda: {"policy_version": 3, "engine_busy_s": busy[0]}

@@ -48,6 +48,11 @@ class ScalarWriter:
         self._lock = threading.Lock()
         self._mirrored = time.monotonic()
 
+    @property
+    def local_dir(self) -> Path:
+        """Where this process's files are written here (mirrored up whole for a gs:// logdir)."""
+        return self._local
+
     def write(self, step: int, values: dict, wall_time: float | None = None) -> None:
         wall_time = time.time() if wall_time is None else wall_time
         # NaN and inf are not JSON: they become null in the row (and stay out of TensorBoard).
@@ -79,6 +84,8 @@ class ScalarWriter:
 
 
 class NullWriter:
+    local_dir = None  # nothing is written
+
     def write(self, *a, **k) -> None:
         pass
 
