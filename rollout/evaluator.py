@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import environments
-from core import config, process_memory
+from core import config, heap, process_memory
 from core.config import configclass, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.store import PolicyStore, StoreError
@@ -163,6 +163,7 @@ def _run(args, writer, tracer) -> list[dict]:
         else:
             time.sleep(args.poll_s)
             continue
+        params = None  # the last version's, dropped before the next is read: one copy at a time
         try:
             with tracer.span("load policy", "evaluator", version=version):
                 params, meta = loader.load(version)
@@ -185,6 +186,7 @@ def _run(args, writer, tracer) -> list[dict]:
                 span.args["success"] = row["success"]
             rows.append(row)
             scored.setdefault(version, set()).add(mode)
+            heap.release()  # an evaluation's freed episode state, kept by glibc otherwise
             # Step: the learner step that published the version, so eval/ lines up with losses/.
             memory = process_memory.sample({"mem/compiled_variants": sampler.compiled_variants()})
             writer.write(row["step"] if row["step"] is not None else version, {**eval_scalars(row), **memory})

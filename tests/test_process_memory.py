@@ -52,3 +52,34 @@ def test_no_tracing_unless_asked(monkeypatch):
     if not tracemalloc.is_tracing():
         assert not process_memory.start_tracing()
         assert "mem/traced_mb" not in process_memory.sample()
+
+
+def test_an_evaluation_leaves_no_reference_to_its_params_behind():
+    """The evaluator's growth at SmolLM2's size: each evaluation's engine ended in a reference
+    cycle (its cancelled loop task's traceback) that pinned the version's params until a
+    full gc pass, so a second version's arrays sat beside the next one's."""
+    import jax
+
+    import environments
+    from core.policy.config import ModelConfig
+    from core.policy.model import init_model, split_params
+    from core.policy.sampling import Sampler
+    from rollout.episodes import EpisodeLimits
+    from rollout.scoring import evaluate
+
+    cfg, env_config = ModelConfig(), {"tool_latency": "none"}
+    sampler = Sampler(cfg, 4, 128, 16)
+    tasks = environments.make_tasks("calculator", 0, 4, "test", env_config)
+    limits = EpisodeLimits(max_new_tokens_per_turn=8, max_tokens=128, episode_timeout_s=60)
+    gc.collect()
+    gc.disable()  # no pass may tidy up behind the code under test
+    try:
+        counts = []
+        for seed in range(3):
+            params = split_params(init_model(cfg, seed))[1]
+            evaluate(params, sampler, "calculator", tasks, limits, env_config)
+            del params
+            counts.append(len(jax.live_arrays()))
+    finally:
+        gc.enable()
+    assert counts[0] == counts[1] == counts[2], counts
