@@ -89,7 +89,7 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
     real = parse_args(["--model", "/ckpt/SmolLM2"])
     byte = parse_args([])
     assert real.model.checkpoint == "/ckpt/SmolLM2" and byte.model.checkpoint is None
-    assert (real.warmstart.steps, real.warmstart.batch_rows, real.learner.warmstart.learning_rate) == (20, 4, 3e-4)
+    assert (real.warmstart.steps, real.warmstart.batch_rows, real.learner.warmstart.learning_rate) == (12, 4, 3e-4)
     assert (real.max_new_tokens_per_turn, real.batch_records, real.publish_every, real.plan) == (48, 2, 1, "off")
     assert real.learner.learner.learning_rate == 5e-5 != byte.learner.learner.learning_rate
     assert byte == config.build(DemoConfig)  # no --model: the byte recipe alone
@@ -98,7 +98,7 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
     assert mine.warmstart.batch_rows == 4  # the rest of the recipe stays
     # The environment's own settings stay under the checkpoint's: guess keeps its game.
     guess = parse_args(["--env", "guess", "--model", "/ckpt/SmolLM2"])
-    assert guess.env.config == RECIPES_ENV_CONFIG_GUESS and guess.warmstart.steps == 20
+    assert guess.env.config == RECIPES_ENV_CONFIG_GUESS and guess.warmstart.steps == 12
     assert all(flag.startswith("--") for flag in COMMON)
 
 

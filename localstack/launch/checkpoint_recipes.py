@@ -45,7 +45,7 @@ from __future__ import annotations
 # Settings every checkpoint gets, whatever its environment.
 COMMON: tuple[str, ...] = (
     "--max_new_tokens_per_turn=48",
-    "--warmstart_steps=20",
+    "--warmstart_steps=12",
     "--warmstart_batch=4",
     "--warmstart_tasks=400",
     "--warmstart_direct_frac=0.2",
