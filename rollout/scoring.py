@@ -84,10 +84,10 @@ def evaluate(
 ) -> dict:
     """The summary of one episode per task under `params` (sampler.greedy picks the mode),
     in the model's chat format (default: the byte format)."""
-    # The engine's loop task ends cancelled, and the cancellation's traceback keeps the
-    # engine in a reference cycle until the next full gc pass. Through a holder emptied
-    # here, that cycle no longer pins the params: at SmolLM2's size it held a whole
-    # version's 0.5 GB beside the next one in the evaluator.
+    # The engine holds its loop task, whose coroutine holds the engine: a reference cycle
+    # that lives until the next full gc pass. Through a holder emptied here, it no longer
+    # pins the params: at SmolLM2's size it kept a whole version's 0.5 GB beside the next
+    # one in the evaluator.
     holder = [params]
     engine = InferenceEngine(sampler, lambda: (holder[0], 0), limits.max_tokens, chat_format)
     t0 = time.monotonic()

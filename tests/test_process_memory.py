@@ -55,9 +55,9 @@ def test_no_tracing_unless_asked(monkeypatch):
 
 
 def test_an_evaluation_leaves_no_reference_to_its_params_behind():
-    """The evaluator's growth at SmolLM2's size: each evaluation's engine ended in a reference
-    cycle (its cancelled loop task's traceback) that pinned the version's params until a
-    full gc pass, so a second version's arrays sat beside the next one's."""
+    """The evaluator's growth at SmolLM2's size: each evaluation's engine is in a reference
+    cycle (it holds its loop task, whose coroutine holds it) that pinned the version's params
+    until a full gc pass, so a second version's arrays sat beside the next one's."""
     import jax
 
     import environments
