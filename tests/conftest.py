@@ -135,3 +135,23 @@ def unique_name():
         return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
     return make
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """family -> (Tiny, the imported directory), each written and imported once per test
+    module (tests/_gguf_tiny.py makes the files; tests/test_gguf_import*.py use it)."""
+    from agentic_rl import cli
+    from tests import _gguf_tiny as tiny
+
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            root = tmp_path_factory.mktemp(family)
+            made = tiny.write(root / "model.gguf", family)
+            assert cli.main(["import-gguf", str(made.path), f"--out={root / 'out'}"]) == 0
+            cache[family] = (made, root / "out")
+        return cache[family]
+
+    return get

@@ -1,12 +1,20 @@
 """core/process_memory.py: the gauges that tell a long run's growth apart by kind, and the
-tracemalloc report that names the line that grew."""
+tracemalloc report that names the line that grew; and the growth they found, an evaluation
+that kept its params alive."""
 
 import gc
 import tracemalloc
 
+import jax
 import jax.numpy as jnp
 
+import environments
 from core import process_memory
+from core.policy.config import ModelConfig
+from core.policy.model import init_model, split_params
+from core.policy.sampling import Sampler
+from rollout.episodes import EpisodeLimits
+from rollout.scoring import evaluate
 
 
 def test_the_gauges_see_jax_arrays_and_python_objects_grow():
@@ -58,15 +66,6 @@ def test_an_evaluation_leaves_no_reference_to_its_params_behind():
     """The evaluator's growth at SmolLM2's size: each evaluation's engine is in a reference
     cycle (it holds its loop task, whose coroutine holds it) that pinned the version's params
     until a full gc pass, so a second version's arrays sat beside the next one's."""
-    import jax
-
-    import environments
-    from core.policy.config import ModelConfig
-    from core.policy.model import init_model, split_params
-    from core.policy.sampling import Sampler
-    from rollout.episodes import EpisodeLimits
-    from rollout.scoring import evaluate
-
     cfg, env_config = ModelConfig(), {"tool_latency": "none"}
     sampler = Sampler(cfg, 4, 128, 16)
     tasks = environments.make_tasks("calculator", 0, 4, "test", env_config)
