@@ -33,8 +33,9 @@ has the runs and the commands):
   warm-start steps) 0.621 -> 0.992 at v10 in 44.0 minutes; run 7 (28 steps) 0.676 ->
   0.988 at v5 and 0.938 at v10 in 41.9 minutes; run 9, this recipe, 0.344 -> 0.977 at v7,
   then malformed calls: 0.680 at v10, in 38.2 minutes. The constant rate lets a nearly
-  deterministic policy take a bad late step (runs 6 and 9); lr decay or a KL term are the
-  next things to try, not yet measured.
+  deterministic policy take a bad late step (runs 6 and 9), so the rate now falls by a
+  cosine to a tenth at the last step (`--learner.lr_decay=0.9`, as code's and guess's byte
+  recipes: code's last versions steadied with it); runs 10-11 measure it.
   The evaluator at nice 10 scores greedy only at v0 and the final version
   (`--eval_greedy_at=ends`), which cost run 2 three minutes at its end.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
@@ -61,7 +62,7 @@ COMMON: tuple[str, ...] = (
     "--max_steps=10",
     "--learner.learning_rate=5e-5",
     "--learner.lr_warmup_steps=0",
-    "--learner.lr_decay=0.0",
+    "--learner.lr_decay=0.9",
     "--timeout_s=5400",
     "--plan=off",
     "--rollout.episode_timeout_s=900",
