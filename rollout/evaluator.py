@@ -74,6 +74,9 @@ class EvaluatorConfig:
     stop_file: str | None = knob(None, "holds the final version once the learner is done", wiring=True)
     timeout_s: float = knob(3600.0, "give up (exit 1) after this long", gt=0)
     seed: int = knob(0, "sampling seed")
+    examples: int = knob(
+        2, "transcripts kept of each failure class per evaluation, in OUT's .examples.jsonl (0: none)", ge=0
+    )
     nice: int = knob(0, "lower this process's CPU priority (shared machines)")
     telemetry: TelemetryDirs = section(TelemetryDirs, help="eval/... scalars and spans")
 
@@ -182,8 +185,9 @@ def _run(args, writer, tracer) -> list[dict]:
             }
             with tracer.span("evaluate", "evaluator", version=version, mode=mode) as span:
                 sampler.greedy = mode == "greedy"
-                row.update(evaluate(params, sampler, args.env.name, tasks, limits, args.env.config, fmt))
+                row.update(evaluate(params, sampler, args.env.name, tasks, limits, args.env.config, fmt, args.examples))
                 span.args["success"] = row["success"]
+            write_examples(out, row)
             rows.append(row)
             scored.setdefault(version, set()).add(mode)
             heap.release()  # an evaluation's freed episode state, kept by glibc otherwise
@@ -201,6 +205,17 @@ def _run(args, writer, tracer) -> list[dict]:
             )
         done = max(done, version)
     raise SystemExit(f"evaluator timed out after {args.timeout_s}s at version {done}")
+
+
+def write_examples(out: Path, row: dict) -> None:
+    """The row's transcripts (popped: eval.jsonl stays one short line a row) beside `out`."""
+    examples = row.pop("examples", None) or {}
+    with out.with_suffix(".examples.jsonl").open("a") as f:
+        for kind, texts in sorted(examples.items()):
+            for text in texts:
+                f.write(
+                    json.dumps({"version": row["version"], "mode": row["mode"], "class": kind, "text": text}) + "\n"
+                )
 
 
 def _modes_for(modes: list[str], greedy_at: str, version: int, first: bool, final: int | None) -> list[str]:

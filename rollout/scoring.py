@@ -81,9 +81,11 @@ def evaluate(
     limits: EpisodeLimits,
     env_config: dict | None = None,
     chat_format=None,
+    examples: int = 0,
 ) -> dict:
     """The summary of one episode per task under `params` (sampler.greedy picks the mode),
-    in the model's chat format (default: the byte format)."""
+    in the model's chat format (default: the byte format); with `examples`, "examples" holds
+    up to that many transcripts of each failure class."""
     # The engine holds its loop task, whose coroutine holds the engine: a reference cycle
     # that lives until the next full gc pass. Through a holder emptied here, it no longer
     # pins the params: at SmolLM2's size it kept a whole version's 0.5 GB beside the next
@@ -97,4 +99,22 @@ def evaluate(
     finally:
         holder.clear()
     success = envs[0].success if envs else None  # the environment's own criterion, not a shaped reward
-    return {**summarize(outcomes, success), "eval_s": round(time.monotonic() - t0, 2)}
+    row = {**summarize(outcomes, success), "eval_s": round(time.monotonic() - t0, 2)}
+    if examples:
+        row["examples"] = failure_examples(outcomes, success, engine.chat_format.tokenizer, examples)
+    return row
+
+
+def failure_examples(outcomes, success, tokenizer, k: int) -> dict[str, list[str]]:
+    """Up to `k` transcripts of each failure class: everything after the prompt, the model's
+    turns and the tool's replies, special tokens kept. Counts say how often a call is
+    malformed; these say what it looks like."""
+    success = success or (lambda reward, info: reward > 0)
+    out: dict[str, list[str]] = {}
+    for o in outcomes:
+        kind = failure_class(o, bool(success(o.reward, o.info)))
+        if kind == "success" or len(out.get(kind, ())) >= k:
+            continue
+        first = next((i for i, m in enumerate(o.seq.loss_mask) if m), len(o.seq.tokens))
+        out.setdefault(kind, []).append(tokenizer.decode(o.seq.tokens[first:], skip_special_tokens=False))
+    return out

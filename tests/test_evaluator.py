@@ -74,6 +74,15 @@ def test_scores_the_newest_version_in_both_modes_and_counts_what_it_skipped(tmp_
         assert r["success"] == pytest.approx(wins / 12) and wins <= r["status"].get("finished", 0)
     summary = held_out_summary(rows)
     assert summary["sampled"]["first"]["version"] == summary["sampled"]["last"]["version"] == 2
+    # Beside the rows, up to 2 transcripts of each failure class a row counted (an untrained
+    # model fails), and none of a success; the rows themselves carry none.
+    examples = read_rows(tmp_path / "eval.examples.jsonl")
+    for r in rows:
+        assert "examples" not in r
+        failed = {k: c for k, c in r["outcomes"].items() if k != "success"}
+        mine = [e for e in examples if (e["version"], e["mode"]) == (2, r["mode"])]
+        assert failed and {e["class"] for e in mine} == set(failed)
+        assert all(sum(e["class"] == k for e in mine) == min(2, c) for k, c in failed.items())
 
 
 @pytest.mark.timeout(400)

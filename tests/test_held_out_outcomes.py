@@ -8,7 +8,9 @@ import pytest
 
 import environments
 from environments import code, datasets, guess
-from rollout.scoring import FAILURES, failure_class, summarize
+from core.policy.tokenizer import BYTE_TOKENIZER
+from rollout.engine import Sequence
+from rollout.scoring import FAILURES, failure_class, failure_examples, summarize
 
 
 @dataclasses.dataclass
@@ -44,6 +46,27 @@ def test_summary_counts_every_episode_once_by_the_environments_criterion():
     assert s["success"] == pytest.approx(1 / 3) and s["mean_reward"] == pytest.approx(1.6 / 3)
     assert s["outcomes"] == {"success": 1, "wrong_answer": 1, "truncated": 1}
     assert summarize(outs)["success"] == pytest.approx(2 / 3)  # default: any reward
+
+
+def _episode(prompt: str, written: str, **kw) -> Outcome:
+    o = Outcome(**kw)
+    o.seq = Sequence.start(BYTE_TOKENIZER.encode(prompt))
+    o.seq.tokens += BYTE_TOKENIZER.encode(written)
+    o.seq.loss_mask += [1] * len(written.encode())
+    return o
+
+
+def test_failure_examples_keep_what_the_model_wrote_up_to_k_a_class_and_no_success():
+    outs = [
+        _episode("Q1", "<call calc>2+</call>", info={"tool_calls": 1, "malformed_calls": 1}),
+        _episode("Q2", "<call calc>((</call>", info={"tool_calls": 1, "malformed_calls": 1}),
+        _episode("Q3", "<call calc>9*</call>", info={"tool_calls": 1, "malformed_calls": 1}),
+        _episode("Q4", "it is 5", info={"tool_calls": 0}),
+        _episode("Q5", "42", reward=1.0, info={"tool_calls": 1}),
+    ]
+    ex = failure_examples(outs, None, BYTE_TOKENIZER, 2)
+    assert ex == {"bad_call": ["<call calc>2+</call>", "<call calc>((</call>"], "no_call": ["it is 5"]}
+    assert failure_examples(outs, None, BYTE_TOKENIZER, 1)["bad_call"] == ["<call calc>2+</call>"]
 
 
 TASK = code.generate_tasks(0, 1, "test")[0]
