@@ -11,22 +11,18 @@ tokenised exactly as the rollout side does, for the packing benchmark.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import environments
+from core.config import configclass, knob
 from core.policy import tokenizer
 from environments import Environment, EpisodeStatus, StepResult, Task
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class ScriptedConfig:
-    tool_latency_s: float = 1.0
-    steps: int = 3  # the episode is done after this many env steps (tool turns + a final answer)
-    observation: str = "<result>42</result>"
-
-    def __post_init__(self):
-        if self.tool_latency_s < 0 or self.steps < 1:
-            raise ValueError(f"need tool_latency_s >= 0 and steps >= 1, got {self}")
+    tool_latency_s: float = knob(1.0, "the wait of every step, s", ge=0)
+    steps: int = knob(3, "the episode is done after this many env steps (tool turns + a final answer)", ge=1)
+    observation: str = knob("<result>42</result>", "what every step but the last returns")
 
 
 class ScriptedToolEnv(Environment):

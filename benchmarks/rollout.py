@@ -72,12 +72,14 @@ def _unset(name: str, text: str) -> str:
 @configclass
 class RolloutBenchConfig:
     quick: bool = knob(False, "short windows and fewer tokens: the second value of every unset setting")
-    sections: tuple[str, ...] = knob(SECTIONS, f"comma-separated subset of {SECTIONS}")
+    sections: tuple[str, ...] = knob(SECTIONS, f"comma-separated subset of {SECTIONS}", choices=SECTIONS)
     tool_latency_s: float = knob(1.0, "latency: wait of every scripted environment step, s")
     env_steps: int = knob(3, "env steps per episode (2 tool turns + a final answer)")
     tokens_per_turn: int = knob(16, "latency: tokens generated per model turn")
     latency_configs: tuple[str, ...] = knob(
-        ("1:1", "8:8", "32:32", "64:64", "64:32"), "C:slots pairs; C=1:slots=1 gives L1"
+        ("1:1", "8:8", "32:32", "64:64", "64:32"),
+        "C:slots pairs; C=1:slots=1 gives L1",
+        matches=(r"0*[1-9][0-9]*:0*[1-9][0-9]*", "C:slots, two positive ints"),
     )
     window_s: float | None = knob(None, _unset("window_s", "steady-state window per config, s"))
     warm_s: float | None = knob(None, _unset("warm_s", "warm-up before the window, s"))
@@ -97,12 +99,6 @@ class RolloutBenchConfig:
     flush_segments: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "flush: max segments per row")
 
     def __post_init__(self):
-        bad = set(self.sections) - set(SECTIONS)
-        if bad:
-            raise ValueError(f"unknown sections {sorted(bad)}; known: {SECTIONS}")
-        for C, S in self.latency_pairs:
-            if C < 1 or S < 1:
-                raise ValueError(f"bad C:slots {C}:{S}")
         if self.tokens_per_turn * self.env_steps + 64 > LENGTH:
             raise ValueError("episodes would not fit the 256-token sampler")
 

@@ -266,7 +266,7 @@ def add_arguments(parser, cls, prefix: str = "", base=None) -> list[Leaf]:
         else:
             kw["type"] = _parser_for(leaf.type)
             kw["metavar"] = getattr(base, "__name__", "VALUE").upper()
-            if leaf.choices is not None:
+            if leaf.choices is not None and typing.get_origin(base) is not tuple:  # items: check_fields
                 kw["choices"] = leaf.choices
         parser.add_argument(f"--{leaf.flag}", **kw)
         out.append(leaf)

@@ -19,6 +19,7 @@ import random
 import re
 
 from environments.base import Task
+from environments.fields import bounded, check_fields
 from environments.latency import LatencyModel, as_latency_model
 from environments.tool_calls import format_error, format_result
 from environments.tool_env import ToolEnvironment
@@ -30,19 +31,16 @@ _INT_ANSWER_RE = re.compile(r"[+-]?[0-9]{1,32}\Z")  # ASCII only: int() would ta
 
 @dataclasses.dataclass(frozen=True)
 class CalculatorConfig:
-    max_turns: int = 4
+    max_turns: int = bounded(4, ge=1)
     tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
-    max_expression_chars: int = 64
+    max_expression_chars: int = bounded(64, ge=1)
     # The tool does this many binary operations per call: with 1, a task with two
     # operators needs two calls (multi-step tool use), the result of one feeding the next.
-    max_ops_per_call: int = 1
+    max_ops_per_call: int = bounded(1, ge=1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tool_latency", as_latency_model(self.tool_latency))
-        for name in ("max_turns", "max_expression_chars", "max_ops_per_call"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"CalculatorConfig.{name} must be an int >= 1, got {v!r}")
+        check_fields(self)
 
 
 class CalcError(ValueError):

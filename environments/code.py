@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from environments.base import Task
+from environments.fields import bounded, check_fields
 from environments.latency import LatencyModel, as_latency_model
 from environments.sandbox import SandboxLimits, SandboxResult, run_python_async
 from environments.tool_calls import format_error, format_result
@@ -35,10 +36,10 @@ FUNC = "f"  # one short name for every task: the prompt stays a few bytes
 
 @dataclasses.dataclass(frozen=True)
 class CodeConfig:
-    max_turns: int = 4
+    max_turns: int = bounded(4, ge=1)
     sandbox: SandboxLimits = dataclasses.field(default_factory=SandboxLimits)
     tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
-    max_code_chars: int = 2048
+    max_code_chars: int = bounded(2048, ge=1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tool_latency", as_latency_model(self.tool_latency))
@@ -46,10 +47,7 @@ class CodeConfig:
             object.__setattr__(self, "sandbox", SandboxLimits(**self.sandbox))
         if not isinstance(self.sandbox, SandboxLimits):
             raise ValueError(f"sandbox must be SandboxLimits or a dict, got {type(self.sandbox).__name__}")
-        for name in ("max_turns", "max_code_chars"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"CodeConfig.{name} must be an int >= 1, got {v!r}")
+        check_fields(self)
         if 4 * self.max_code_chars > min(self.sandbox.max_file_bytes, self.sandbox.tmp_bytes // 4):
             raise ValueError(
                 "CodeConfig.max_code_chars is too large for the sandbox's file "

@@ -36,6 +36,7 @@ import random
 import re
 
 from environments.base import Task
+from environments.fields import bounded, check_fields
 from environments.latency import LatencyModel, as_latency_model
 from environments.tool_calls import format_error, format_result
 from environments.tool_env import ToolEnvironment
@@ -53,24 +54,16 @@ def _is_int(v: object) -> bool:
 class GuessConfig:
     low: int = DEFAULT_LOW  # Bounds every task's range (and is the range of a task
     high: int = DEFAULT_HIGH  # that states none in its meta).
-    max_turns: int = 8
-    shaping: float = 0.0  # reward for the range ruled out, at most this over a lost game
+    max_turns: int = bounded(8, ge=1)
+    shaping: float = bounded(0.0, ge=0, lt=1)  # reward for the range ruled out, at most this over a lost game
     reply_window: bool = False  # a wrong guess's reply is the window still possible
     tool_latency: LatencyModel = dataclasses.field(default_factory=LatencyModel)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tool_latency", as_latency_model(self.tool_latency))
-        for name in ("low", "high", "max_turns"):
-            if not _is_int(getattr(self, name)):
-                raise ValueError(f"GuessConfig.{name} must be an int, got {getattr(self, name)!r}")
+        check_fields(self)
         if self.low > self.high:
             raise ValueError(f"GuessConfig needs low <= high, got {self.low} > {self.high}")
-        if self.max_turns < 1:
-            raise ValueError(f"GuessConfig.max_turns must be >= 1, got {self.max_turns}")
-        if isinstance(self.shaping, bool) or not isinstance(self.shaping, (int, float)) or not 0 <= self.shaping < 1:
-            raise ValueError(f"GuessConfig.shaping must be a number in [0, 1), got {self.shaping!r}")
-        if not isinstance(self.reply_window, bool):
-            raise ValueError(f"GuessConfig.reply_window must be true or false, got {self.reply_window!r}")
 
 
 def parse_int(text: str) -> int | None:

@@ -16,31 +16,24 @@ import dataclasses
 import math
 import random
 
+from environments.fields import bounded, check_fields
+
 KINDS = ("none", "fixed", "uniform", "lognormal")
 _SPEC_PARAMS = {"none": (), "fixed": ("seconds",), "uniform": ("low", "high"), "lognormal": ("median", "sigma")}
 
 
 @dataclasses.dataclass(frozen=True)
 class LatencyModel:
-    kind: str = "none"
-    seconds: float = 0.0
-    low: float = 0.0
-    high: float = 0.0
-    median: float = 0.0
-    sigma: float = 0.0
+    kind: str = bounded("none", choices=KINDS)
+    seconds: float = bounded(0.0, ge=0, finite=True)
+    low: float = bounded(0.0, ge=0, finite=True)
+    high: float = bounded(0.0, ge=0, finite=True)
+    median: float = bounded(0.0, ge=0, finite=True)
+    sigma: float = bounded(0.0, ge=0, finite=True)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"LatencyModel.kind must be one of {KINDS}, got {self.kind!r}")
-        for name in ("seconds", "low", "high", "median", "sigma"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"LatencyModel.{name} must be a finite number, got {v!r}")
-            if v < 0:
-                raise ValueError(f"LatencyModel.{name} must be >= 0, got {v!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"LatencyModel.seed must be an int, got {self.seed!r}")
+        check_fields(self)
         if self.kind == "uniform" and self.low > self.high:
             raise ValueError(f"uniform latency needs low <= high, got {self.low} > {self.high}")
         if self.kind == "lognormal" and self.median <= 0:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import os
 import re
 import shutil
@@ -58,6 +57,7 @@ from environments import _sandbox_seccomp
 from environments._sandbox_launch import bwrap_argv, limited, memfd
 from environments._sandbox_output import pump
 from environments._sandbox_procs import UID_BASE, alloc_uid, kill, kill_uid, tasks_of_uid
+from environments.fields import bounded, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +78,20 @@ _AUTO = object()
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-    cpu_seconds: int = 2  # RLIMIT_CPU per process (SIGXCPU, then SIGKILL 1 s later)
-    wall_seconds: float = 5.0  # whole run, start to kill
-    memory_bytes: int = 384 * MiB  # RLIMIT_AS per process
+    cpu_seconds: int = bounded(2, ge=1)  # RLIMIT_CPU per process (SIGXCPU, then SIGKILL 1 s later)
+    wall_seconds: float = bounded(5.0, gt=0, finite=True)  # whole run, start to kill
+    # RLIMIT_AS per process.
+    memory_bytes: int = bounded(384 * MiB, ge=64 * MiB, why="64 MiB: the interpreter alone maps ~20 MiB")
     # Processes+threads the program may have, itself included. Small: with the per-process
     # limits it is what bounds a whole run's memory (the module docstring).
-    max_processes: int = 4
-    max_file_bytes: int = 1 * MiB  # RLIMIT_FSIZE: largest file it may write
+    max_processes: int = bounded(4, ge=1)
+    max_file_bytes: int = bounded(1 * MiB, ge=1)  # RLIMIT_FSIZE: largest file it may write
     # RLIMIT_NOFILE. Also a memory bound: each memfd or pipe holds RAM outside RLIMIT_AS.
-    max_open_files: int = 32
-    max_output_bytes: int = 64 * KiB  # kept from stdout, and again from stderr
-    tmp_bytes: int = 16 * MiB  # size of the private /tmp (tmpfs pages are RAM)
+    max_open_files: int = bounded(32, ge=16, why="bwrap and the interpreter need a few to start")
+    max_output_bytes: int = bounded(64 * KiB, ge=1)  # kept from stdout, and again from stderr
+    tmp_bytes: int = bounded(16 * MiB, ge=1)  # size of the private /tmp (tmpfs pages are RAM)
     # Refuses limits whose worst_case_memory_bytes is larger (defaults: 1680 MiB).
-    max_run_memory_bytes: int = 2 * GiB
+    max_run_memory_bytes: int = bounded(2 * GiB, ge=1)
 
     @property
     def worst_case_memory_bytes(self) -> int:
@@ -100,26 +101,7 @@ class SandboxLimits:
         return self.max_processes * per_process + self.tmp_bytes
 
     def __post_init__(self) -> None:
-        for name in (
-            "cpu_seconds",
-            "memory_bytes",
-            "max_processes",
-            "max_file_bytes",
-            "max_open_files",
-            "max_output_bytes",
-            "tmp_bytes",
-            "max_run_memory_bytes",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"SandboxLimits.{name} must be an int >= 1, got {v!r}")
-        w = self.wall_seconds
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-            raise ValueError(f"SandboxLimits.wall_seconds must be a finite number > 0, got {w!r}")
-        if self.memory_bytes < 64 * MiB:  # the interpreter alone maps ~20 MiB
-            raise ValueError(f"SandboxLimits.memory_bytes must be >= 64 MiB, got {self.memory_bytes}")
-        if self.max_open_files < 16:  # bwrap and the interpreter need a few to start
-            raise ValueError(f"SandboxLimits.max_open_files must be >= 16, got {self.max_open_files}")
+        check_fields(self)
         if self.worst_case_memory_bytes > self.max_run_memory_bytes:
             raise ValueError(
                 "SandboxLimits: a run could hold "

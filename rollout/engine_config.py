@@ -20,7 +20,12 @@ class EngineConfig:
     the job derives: the policy store (from its I/O section) and the trajectory cap (from
     the record layout)."""
 
-    policy_root: str | None = derived(None, "the policy store; from the job's --policy_root")
+    # None: not known yet (a config's defaults); a worker refuses it (RolloutWorker).
+    policy_root: str | None = derived(
+        None,
+        "the policy store; from the job's --policy_root",
+        matches=(r"(?s).+", "the policy store's path, not empty"),
+    )
     model: ModelChoice = section(ModelChoice, help="the policy model (the learner's)")
     slots: int = knob(64, "KV-cache slots of the per-process inference engine", flag="engine_slots", ge=1)
     prefill: int = knob(
@@ -83,9 +88,6 @@ class EngineConfig:
     telemetry_every_s: float = knob(2.0, "telemetry row interval", gt=0)
 
     def __post_init__(self):
-        # None: not known yet (a config's defaults); a worker refuses it (RolloutWorker).
-        if self.policy_root is not None and not self.policy_root:
-            raise ValueError("policy_root must name the policy store")
         if self.max_new_tokens_per_turn >= self.max_tokens:
             raise ValueError(
                 f"max_new_tokens_per_turn ({self.max_new_tokens_per_turn}) must be below max_tokens "

@@ -78,7 +78,7 @@ TABLE: list[Row] = [
         "env must be NAME=VALUE items"),
     row(VERTEX, "--env", "--env=AIP_MODEL_DIR=gs://b/m", "an invalid or Vertex-reserved name",
         "overriding Vertex's own variables would mislead trainer.cloud.distributed", "env",
-        "env var 'AIP_MODEL_DIR' is reserved by Vertex AI"),
+        "env must be NAME=VALUE items, no NAME reserved by Vertex AI"),
     row(VERTEX, "--tpu_topology", "--tpu_topology=", "empty on a TPU machine type",
         "Vertex AI needs the slice's topology", "tpu_topology",
         "TPU machine type ct5lp-hightpu-4t needs a tpu_topology"),

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 import environments
-from environments import code, datasets, guess
 from core.policy.tokenizer import BYTE_TOKENIZER
+from environments import code, datasets, guess
 from rollout.engine import Sequence
 from rollout.scoring import FAILURES, failure_class, failure_examples, summarize
 

@@ -117,7 +117,7 @@ def test_a_changed_evaluator_config_round_trips_through_argv():
         EvaluatorConfig,
         **dict(policy_root="/store", out="/out/eval.jsonl", env="guess", env_config={"max_turns": 3, "low": 1}),
         **dict(n=8, task_seed=3, data_dir="/data", modes="greedy", max_tokens=128, max_new_tokens_per_turn=16),
-        **dict(slots=4, poll_s=0.5, stop_file="/out/final", timeout_s=60.0, seed=7, nice=5),
+        **dict(slots=4, poll_s=0.5, stop_file="/out/final", timeout_s=60.0, seed=7, examples=3, nice=5),
         **dict(logdir="/logs", trace_dir="/traces", model="/checkpoints/qwen2"),
         **dict(prefill=16, prefill_slots=2, episode_timeout_s=300.0, greedy_at="ends"),
     )

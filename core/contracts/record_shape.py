@@ -8,7 +8,6 @@ parsing rules exist in this file only.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 from core.config import configclass, knob
@@ -27,22 +26,13 @@ DEFAULT_BUCKETS: tuple[int, ...] = (DEFAULT_SEQ_LEN,)
 DEFAULT_MAX_TRAJECTORY_LEN = 256
 
 
-def _positive_int(name: str, value) -> None:
-    if type(value) is not int or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-@dataclasses.dataclass(frozen=True)
+@configclass
 class RecordShape:
     """The fixed [rows, seq_len] shape of one kind of packed record."""
 
-    rows: int = DEFAULT_ROWS
-    seq_len: int = DEFAULT_SEQ_LEN
-    max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
-
-    def __post_init__(self):
-        for name in ("rows", "seq_len", "max_segments_per_row"):
-            _positive_int(name, getattr(self, name))
+    rows: int = knob(DEFAULT_ROWS, "rows per record", ge=1)
+    seq_len: int = knob(DEFAULT_SEQ_LEN, "tokens per row", ge=1)
+    max_segments_per_row: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories per row at most", ge=1)
 
     @property
     def max_trajectories(self) -> int:
@@ -53,38 +43,31 @@ class RecordShape:
         return (self.rows, self.seq_len)
 
 
-@dataclasses.dataclass(frozen=True)
+@configclass
 class RecordLayout:
     """Every record shape of a run: one [rows, b] per length bucket b, ascending."""
 
-    buckets: tuple[int, ...] = DEFAULT_BUCKETS
-    rows: int = DEFAULT_ROWS
-    max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
+    buckets: tuple[int, ...] = knob(DEFAULT_BUCKETS, "record row lengths, strictly ascending", ge=1)
+    rows: int = knob(DEFAULT_ROWS, "rows per record", ge=1)
+    max_segments_per_row: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories per row at most", ge=1)
     # The longest trajectory (prompt included) an episode may reach: the engine's and the
     # warm start's length. None: DEFAULT_MAX_TRAJECTORY_LEN, or the largest bucket where
     # that is shorter. Rows may be longer than it and pack
     # several trajectories (positions restart per segment, so the model's context is the
     # trajectory, not the row).
-    max_trajectory_len: int | None = None
+    max_trajectory_len: int | None = knob(None, "the longest episode, prompt included", ge=1)
 
     def __post_init__(self):
-        object.__setattr__(self, "buckets", tuple(self.buckets))
         b = self.buckets
         if not b:
             raise ValueError("buckets must list at least one sequence length")
-        if any(type(x) is not int or x <= 0 for x in b):
-            raise ValueError(f"bucket sequence lengths must be positive ints, got {b} (--buckets, or --seq_len)")
         if any(x >= y for x, y in itertools.pairwise(b)):
             raise ValueError(f"buckets must be strictly increasing (sorted, no duplicates), got {b}")
-        _positive_int("rows", self.rows)
-        _positive_int("max_segments_per_row", self.max_segments_per_row)
-        if self.max_trajectory_len is not None:
-            _positive_int("max_trajectory_len", self.max_trajectory_len)
-            if self.max_trajectory_len > b[-1]:
-                raise ValueError(
-                    f"max_trajectory_len {self.max_trajectory_len} exceeds the largest bucket {b[-1]}: "
-                    "such a trajectory would fit no record"
-                )
+        if self.max_trajectory_len is not None and self.max_trajectory_len > b[-1]:
+            raise ValueError(
+                f"max_trajectory_len {self.max_trajectory_len} exceeds the largest bucket {b[-1]}: "
+                "such a trajectory would fit no record"
+            )
 
     @property
     def trajectory_len(self) -> int:
@@ -109,12 +92,12 @@ class LayoutConfig:
     """The record layout's flags, the same for the learner, the rollout job, the demo and
     the planner (each process's config tree holds this section)."""
 
-    rows: int = knob(DEFAULT_ROWS, "rows per packed record")
-    seq_len: int = knob(DEFAULT_SEQ_LEN, "record row length when --buckets is not given")
-    max_segments_per_row: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories packed into one row at most")
-    buckets: tuple[int, ...] = knob((), "record row lengths, strictly ascending, e.g. 128,256 (empty: --seq_len)")
+    rows: int = knob(DEFAULT_ROWS, "rows per packed record", ge=1)
+    seq_len: int = knob(DEFAULT_SEQ_LEN, "record row length when --buckets is not given", ge=1)
+    max_segments_per_row: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories packed into one row at most", ge=1)
+    buckets: tuple[int, ...] = knob((), "record row lengths, strictly ascending, e.g. 128,256 (empty: --seq_len)", ge=1)
     max_trajectory_len: int | None = knob(
-        None, f"the longest episode, prompt included (unset: {DEFAULT_MAX_TRAJECTORY_LEN} or the largest bucket)"
+        None, f"the longest episode, prompt included (unset: {DEFAULT_MAX_TRAJECTORY_LEN} or the largest bucket)", ge=1
     )
 
     def __post_init__(self):

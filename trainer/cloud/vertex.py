@@ -27,7 +27,6 @@ LEARNER_COMMAND = ("python", "-m", "trainer.task")
 _GCS = (r"gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/.*)?", "a gs://bucket[/path] URI")
 _TPU_CHIPS_PER_HOST = re.compile(r"^ct.*-(\d+)t$")  # ct5lp-hightpu-4t: 4 chips per host
 _TENSORBOARD = re.compile(r"projects/([^/\s]+)/locations/([^/\s]+)/tensorboards/([^/\s]+)")
-# Vertex sets these itself; overriding them would mislead trainer.cloud.distributed.
 _RESERVED_ENV = ("AIP_", "CLUSTER_SPEC", "TF_CONFIG", "CLOUD_ML_JOB_ID")
 
 
@@ -76,7 +75,11 @@ class VertexJobConfig:
         (),
         "NAME=VALUE for the learner's environment (repeat the flag)",
         repeat=True,
-        matches=(r"[A-Za-z_][A-Za-z0-9_]*=(?s:.*)", "NAME=VALUE items"),
+        # Vertex sets the reserved names itself: overriding them would mislead trainer.cloud.distributed.
+        matches=(
+            rf"(?!{'|'.join(_RESERVED_ENV)})[A-Za-z_][A-Za-z0-9_]*=(?s:.*)",
+            f"NAME=VALUE items, no NAME reserved by Vertex AI ({', '.join(n + '*' for n in _RESERVED_ENV)})",
+        ),
     )
     dry_run: bool = knob(False, "build, check and print the job as JSON; no network")
     skip_learner_args_check: bool = knob(False, "do not parse the learner's flags with trainer.task's parser")
@@ -84,9 +87,6 @@ class VertexJobConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "tpu_topology", self.tpu_topology or "")  # None or '': no topology
-        for name in (item.partition("=")[0] for item in self.env):
-            if name.startswith(_RESERVED_ENV):
-                raise ValueError(f"env var {name!r} is reserved by Vertex AI")
         self._check_tensorboard()
         tpu = _TPU_CHIPS_PER_HOST.match(self.machine_type)
         if tpu and not self.tpu_topology:
