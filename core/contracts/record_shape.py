@@ -8,6 +8,7 @@ parsing rules exist in this file only.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from core.config import configclass, knob
@@ -26,13 +27,22 @@ DEFAULT_BUCKETS: tuple[int, ...] = (DEFAULT_SEQ_LEN,)
 DEFAULT_MAX_TRAJECTORY_LEN = 256
 
 
-@configclass
+def _positive_int(name: str, value) -> None:
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class RecordShape:
     """The fixed [rows, seq_len] shape of one kind of packed record."""
 
-    rows: int = knob(DEFAULT_ROWS, "rows per record", ge=1)
-    seq_len: int = knob(DEFAULT_SEQ_LEN, "tokens per row", ge=1)
-    max_segments_per_row: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories per row at most", ge=1)
+    rows: int = DEFAULT_ROWS
+    seq_len: int = DEFAULT_SEQ_LEN
+    max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
+
+    def __post_init__(self):
+        for name in ("rows", "seq_len", "max_segments_per_row"):
+            _positive_int(name, getattr(self, name))
 
     @property
     def max_trajectories(self) -> int:
@@ -43,27 +53,32 @@ class RecordShape:
         return (self.rows, self.seq_len)
 
 
-@configclass
+@dataclasses.dataclass(frozen=True)
 class RecordLayout:
     """Every record shape of a run: one [rows, b] per length bucket b, ascending."""
 
-    buckets: tuple[int, ...] = knob(DEFAULT_BUCKETS, "record row lengths, strictly ascending", ge=1)
-    rows: int = knob(DEFAULT_ROWS, "rows per record", ge=1)
-    max_segments_per_row: int = knob(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories per row at most", ge=1)
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    rows: int = DEFAULT_ROWS
+    max_segments_per_row: int = DEFAULT_MAX_SEGMENTS_PER_ROW
     # The longest trajectory (prompt included) an episode may reach: the engine's and the
     # warm start's length. None: DEFAULT_MAX_TRAJECTORY_LEN, or the largest bucket where
     # that is shorter. Rows may be longer than it and pack
     # several trajectories (positions restart per segment, so the model's context is the
     # trajectory, not the row).
-    max_trajectory_len: int | None = knob(None, "the longest episode, prompt included", ge=1)
+    max_trajectory_len: int | None = None
 
     def __post_init__(self):
-        b = self.buckets
+        object.__setattr__(self, "buckets", b := tuple(self.buckets))
         if not b:
             raise ValueError("buckets must list at least one sequence length")
+        for name, value in (*(("bucket sequence lengths", x) for x in b), ("rows", self.rows)):
+            _positive_int(name, value)
+        _positive_int("max_segments_per_row", self.max_segments_per_row)
         if any(x >= y for x, y in itertools.pairwise(b)):
             raise ValueError(f"buckets must be strictly increasing (sorted, no duplicates), got {b}")
-        if self.max_trajectory_len is not None and self.max_trajectory_len > b[-1]:
+        if self.max_trajectory_len is not None:
+            _positive_int("max_trajectory_len", self.max_trajectory_len)
+        if (self.max_trajectory_len or 0) > b[-1]:
             raise ValueError(
                 f"max_trajectory_len {self.max_trajectory_len} exceeds the largest bucket {b[-1]}: "
                 "such a trajectory would fit no record"
