@@ -208,14 +208,12 @@ def _run(args, writer, tracer) -> list[dict]:
 
 
 def write_examples(out: Path, row: dict) -> None:
-    """The row's transcripts (popped: eval.jsonl stays one short line a row) beside `out`."""
+    """The row's failed episodes (popped: eval.jsonl stays one short line a row) beside `out`."""
     examples = row.pop("examples", None) or {}
     with out.with_suffix(".examples.jsonl").open("a") as f:
-        for kind, texts in sorted(examples.items()):
-            for text in texts:
-                f.write(
-                    json.dumps({"version": row["version"], "mode": row["mode"], "class": kind, "text": text}) + "\n"
-                )
+        for kind, episodes in sorted(examples.items()):
+            for episode in episodes:  # the task's prompt and target, and the transcript
+                f.write(json.dumps({"version": row["version"], "mode": row["mode"], "class": kind, **episode}) + "\n")
 
 
 def _modes_for(modes: list[str], greedy_at: str, version: int, first: bool, final: int | None) -> list[str]:

@@ -101,20 +101,21 @@ def evaluate(
     success = envs[0].success if envs else None  # the environment's own criterion, not a shaped reward
     row = {**summarize(outcomes, success), "eval_s": round(time.monotonic() - t0, 2)}
     if examples:
-        row["examples"] = failure_examples(outcomes, success, engine.chat_format.tokenizer, examples)
+        row["examples"] = failure_examples(outcomes, tasks, success, engine.chat_format.tokenizer, examples)
     return row
 
 
-def failure_examples(outcomes, success, tokenizer, k: int) -> dict[str, list[str]]:
-    """Up to `k` transcripts of each failure class: everything after the prompt, the model's
-    turns and the tool's replies, special tokens kept. Counts say how often a call is
-    malformed; these say what it looks like."""
+def failure_examples(outcomes, tasks, success, tokenizer, k: int) -> dict[str, list[dict]]:
+    """Up to `k` episodes of each failure class: the task (its prompt and target) and the
+    transcript after the prompt, the model's turns and the tool's replies, special tokens
+    kept. Counts say how often a call is malformed; these say what it looks like."""
     success = success or (lambda reward, info: reward > 0)
-    out: dict[str, list[str]] = {}
-    for o in outcomes:
+    out: dict[str, list[dict]] = {}
+    for o, task in zip(outcomes, tasks):
         kind = failure_class(o, bool(success(o.reward, o.info)))
         if kind == "success" or len(out.get(kind, ())) >= k:
             continue
         first = next((i for i, m in enumerate(o.seq.loss_mask) if m), len(o.seq.tokens))
-        out.setdefault(kind, []).append(tokenizer.decode(o.seq.tokens[first:], skip_special_tokens=False))
+        text = tokenizer.decode(o.seq.tokens[first:], skip_special_tokens=False)
+        out.setdefault(kind, []).append({"prompt": task.prompt, "target": task.target, "text": text})
     return out

@@ -83,6 +83,7 @@ def test_scores_the_newest_version_in_both_modes_and_counts_what_it_skipped(tmp_
         mine = [e for e in examples if (e["version"], e["mode"]) == (2, r["mode"])]
         assert failed and {e["class"] for e in mine} == set(failed)
         assert all(sum(e["class"] == k for e in mine) == min(2, c) for k, c in failed.items())
+        assert all(e["prompt"] and e["target"] and isinstance(e["text"], str) for e in mine)
 
 
 @pytest.mark.timeout(400)

@@ -64,9 +64,15 @@ def test_failure_examples_keep_what_the_model_wrote_up_to_k_a_class_and_no_succe
         _episode("Q4", "it is 5", info={"tool_calls": 0}),
         _episode("Q5", "42", reward=1.0, info={"tool_calls": 1}),
     ]
-    ex = failure_examples(outs, None, BYTE_TOKENIZER, 2)
-    assert ex == {"bad_call": ["<call calc>2+</call>", "<call calc>((</call>"], "no_call": ["it is 5"]}
-    assert failure_examples(outs, None, BYTE_TOKENIZER, 1)["bad_call"] == ["<call calc>2+</call>"]
+    tasks = [environments.Task(f"t{i}", f"Q{i}", str(i)) for i in range(1, 6)]
+    ex = failure_examples(outs, tasks, None, BYTE_TOKENIZER, 2)
+    assert {k: [(e["prompt"], e["target"], e["text"]) for e in v] for k, v in ex.items()} == {
+        "bad_call": [("Q1", "1", "<call calc>2+</call>"), ("Q2", "2", "<call calc>((</call>")],
+        "no_call": [("Q4", "4", "it is 5")],
+    }
+    assert [e["text"] for e in failure_examples(outs, tasks, None, BYTE_TOKENIZER, 1)["bad_call"]] == [
+        "<call calc>2+</call>"
+    ]
 
 
 TASK = code.generate_tasks(0, 1, "test")[0]
