@@ -35,7 +35,10 @@ has the runs and the commands):
   then malformed calls: 0.680 at v10, in 38.2 minutes. The constant rate lets a nearly
   deterministic policy take a bad late step (runs 6 and 9), so the rate now falls by a
   cosine to a tenth at the last step (`--learner.lr_decay=0.9`, as code's and guess's byte
-  recipes: code's last versions steadied with it); runs 10-11 measure it.
+  recipes: code's last versions steadied with it). Run 10 held 0.941-0.949 from v6 to
+  v10; run 11, the same recipe, collapsed by v7 (empty answers, broken calls) and its
+  learner starved: decay shrinks the late steps, it does not prevent an early collapse. A
+  KL to the reference is the next lever, not yet measured.
   The evaluator at nice 10 scores greedy only at v0 and the final version
   (`--eval_greedy_at=ends`), which cost run 2 three minutes at its end.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
