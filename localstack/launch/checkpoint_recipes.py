@@ -37,8 +37,10 @@ has the runs and the commands):
   cosine to a tenth at the last step (`--learner.lr_decay=0.9`, as code's and guess's byte
   recipes: code's last versions steadied with it). Run 10 held 0.941-0.949 from v6 to
   v10; run 11, the same recipe, collapsed by v7 (empty answers, broken calls) and its
-  learner starved: decay shrinks the late steps, it does not prevent an early collapse. A
-  KL to the reference is the next lever, not yet measured.
+  learner starved: decay shrinks the late steps, it does not prevent an early collapse. So
+  the loss now holds the policy near v0 (the warm start) by a k3 KL at 0.1
+  (`--learner.kl_coef=0.1`): the call decision RL learns is a few tokens an episode, the
+  broken turns of runs 9 and 11 are many. Runs 13-14 measure it.
   The evaluator at nice 10 scores greedy only at v0 and the final version
   (`--eval_greedy_at=ends`), which cost run 2 three minutes at its end.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
@@ -66,6 +68,7 @@ COMMON: tuple[str, ...] = (
     "--learner.learning_rate=5e-5",
     "--learner.lr_warmup_steps=0",
     "--learner.lr_decay=0.9",
+    "--learner.kl_coef=0.1",
     "--timeout_s=5400",
     "--plan=off",
     "--rollout.episode_timeout_s=900",
