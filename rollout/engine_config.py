@@ -10,7 +10,7 @@ from __future__ import annotations
 from core.config import configclass, derived, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
-from core.sections import ModelChoice, TelemetryDirs
+from core.sections import ModelChoice, TelemetryDirs, TurnBudget
 from rollout.episodes import EpisodeLimits
 
 
@@ -67,7 +67,7 @@ class EngineConfig:
     )
     commit_interval_s: float = knob(0.2, "how often finished groups are committed downstream", gt=0)
     request_shards: int = knob(4, "keys that requests are spread over (state and timers are per key)", ge=1)
-    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate", ge=1)
+    turn: TurnBudget = section(TurnBudget, help="tokens one model turn may generate")
     # A whole trajectory, prompt included: fits one record row.
     max_tokens: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "the layout's trajectory length", ge=1)
     step_timeout_s: float = knob(
@@ -88,16 +88,16 @@ class EngineConfig:
     telemetry_every_s: float = knob(2.0, "telemetry row interval", gt=0)
 
     def __post_init__(self):
-        if self.max_new_tokens_per_turn >= self.max_tokens:
+        if self.turn.max_new_tokens_per_turn >= self.max_tokens:
             raise ValueError(
-                f"max_new_tokens_per_turn ({self.max_new_tokens_per_turn}) must be below max_tokens "
+                f"max_new_tokens_per_turn ({self.turn.max_new_tokens_per_turn}) must be below max_tokens "
                 f"({self.max_tokens}): a turn must leave room for the prompt"
             )
 
     @property
     def limits(self) -> EpisodeLimits:
         return EpisodeLimits(
-            max_new_tokens_per_turn=self.max_new_tokens_per_turn,
+            max_new_tokens_per_turn=self.turn.max_new_tokens_per_turn,
             max_tokens=self.max_tokens,
             step_timeout_s=self.step_timeout_s,
             episode_timeout_s=self.episode_timeout_s,

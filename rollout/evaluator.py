@@ -35,7 +35,7 @@ from core.policy.chat_format import chat_format_for
 from core.policy.sampling import Sampler
 from core.policy.sources import policy_spec
 from core.policy.versions import VersionLoader, base_params
-from core.sections import EnvChoice, ModelChoice, TelemetryDirs
+from core.sections import EnvChoice, ModelChoice, TelemetryDirs, TurnBudget
 from core.telemetry import scalars, trace
 from rollout.episodes import EpisodeLimits
 from rollout.scoring import MODES, evaluate
@@ -63,7 +63,7 @@ class EvaluatorConfig:
     )
     model: ModelChoice = section(ModelChoice, help="the policy model (the learner's)")
     max_tokens: int = knob(DEFAULT_MAX_TRAJECTORY_LEN, "episode length cap (the layout's max_trajectory_len)", ge=1)
-    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate", ge=1)
+    turn: TurnBudget = section(TurnBudget, help="tokens one model turn may generate")
     slots: int = knob(64, "episodes decoded at once", ge=1)
     prefill: int = knob(32, "tokens each slot is fed per catch-up step (prompts, observations)", ge=1)
     prefill_slots: int = knob(8, "slots fed a catch-up chunk per engine step (the others with input wait)", ge=1)
@@ -130,7 +130,7 @@ def _run(args, writer, tracer) -> list[dict]:
     spec = policy_spec(args.model.checkpoint, args.model.builtin)
     tasks = held_out_tasks(args)
     limits = EpisodeLimits(
-        max_new_tokens_per_turn=args.max_new_tokens_per_turn,
+        max_new_tokens_per_turn=args.turn.max_new_tokens_per_turn,
         max_tokens=args.max_tokens,
         episode_timeout_s=args.episode_timeout_s,
     )

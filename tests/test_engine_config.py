@@ -6,6 +6,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from core import config
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
+from core.sections import TurnBudget
 from pipelines.config import RolloutJobConfig
 from pipelines.options import rollout_config
 from rollout.engine_config import EngineConfig
@@ -28,7 +29,7 @@ from trainer.learning.step.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
         (dict(admit_poll_s=0), "admit_poll_s"),
         (dict(policy_poll_s=float("inf")), "policy_poll_s"),
         (dict(policy_wait_s=True), "policy_wait_s"),
-        (dict(max_new_tokens_per_turn=256, max_tokens=256), "max_new_tokens_per_turn"),
+        (dict(turn=TurnBudget(256), max_tokens=256), "max_new_tokens_per_turn"),
         (dict(advantage_estimator="ppo"), "advantage_estimator"),
     ],
 )
@@ -57,7 +58,7 @@ def test_pipeline_flags_build_the_engine_config():
         max_concurrent_groups=8,
         commit_interval_s=0.5,
         request_shards=2,
-        max_new_tokens_per_turn=24,
+        turn=TurnBudget(24),
         max_tokens=256,  # the default trajectory cap (the tiny policy's context), below the largest bucket
         policy_poll_s=0.25,
         policy_wait_s=60.0,

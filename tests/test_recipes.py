@@ -19,7 +19,7 @@ from trainer.learning.warmstart import oracle_transcript
 
 def test_env_selects_its_recipe_and_flags_override_it():
     code = parse_args(["--env", "code"])
-    assert code.max_new_tokens_per_turn == 96 and code.env.config == {"max_turns": 2}
+    assert code.turn.max_new_tokens_per_turn == 96 and code.env.config == {"max_turns": 2}
     assert (code.warmstart.steps, code.batch_records, code.learner.learner.lr_warmup_steps) == (400, 8, 10)
     assert (code.warmstart.direct_frac, code.learner.learner.lr_decay, code.learner.learner.learning_rate) == (
         0.5,
@@ -27,7 +27,7 @@ def test_env_selects_its_recipe_and_flags_override_it():
         6e-4,
     )
     mine = parse_args(["--env=code", "--warmstart_steps=7", "--max_new_tokens_per_turn", "80", "--batch_records=6"])
-    assert (mine.warmstart.steps, mine.max_new_tokens_per_turn, mine.env.config) == (7, 80, {"max_turns": 2})
+    assert (mine.warmstart.steps, mine.turn.max_new_tokens_per_turn, mine.env.config) == (7, 80, {"max_turns": 2})
     assert mine.batch_records == 6 and mine.learner.learner.loss.aggregation == "seq-mean-token-mean"
     assert parse_args([]) == config.build(DemoConfig)  # the calculator's recipe is the defaults
     assert parse_args(["--env", "guess"]).env.config == {"high": 31, "max_turns": 5, "reply_window": True}
@@ -47,11 +47,11 @@ def test_every_process_gets_the_recipes_settings(env, tmp_path):
     assert learner.env == cfg.env and learner.env.settings == {**cfg.env.config, "tool_latency": "fixed:0.5"}
     assert learner.warmstart.steps == cfg.warmstart.steps
     rollout = demo.rollout_config(cfg, tmp_path, topics, subs, tmp_path / "store", None)
-    assert rollout.engine.max_new_tokens_per_turn == cfg.max_new_tokens_per_turn
+    assert rollout.engine.turn == cfg.turn
     evaluator = demo.evaluator_config(cfg, tmp_path, tmp_path / "store")
     assert evaluator.env.config == cfg.env.config  # the held-out tasks of the recipe, no latency
     assert "--tool_latency" not in " ".join(config.to_argv(evaluator))
-    assert evaluator.max_new_tokens_per_turn == cfg.max_new_tokens_per_turn
+    assert evaluator.turn == cfg.turn
 
 
 def _longest_action(mask: list[int]) -> int:
@@ -72,7 +72,7 @@ def test_the_oracle_wins_every_task_within_the_recipes_limits(env):
     fmt = chat_format_for(BYTE_TOKENIZER)
     for task in environments.make_tasks(env, 3, 24, "test", settings):
         t = asyncio.run(oracle_transcript(env, task, fmt=fmt, env_config=cfg.env.config))
-        assert _longest_action(t.loss_mask) <= cfg.max_new_tokens_per_turn, (env, task.prompt)
+        assert _longest_action(t.loss_mask) <= cfg.turn.max_new_tokens_per_turn, (env, task.prompt)
         assert len(t.tokens) <= room, (env, task.prompt, len(t.tokens))
         assert t.reward == 1.0, (env, task.prompt)
 
@@ -90,7 +90,7 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
     byte = parse_args([])
     assert real.model.checkpoint == "/ckpt/SmolLM2" and byte.model.checkpoint is None
     assert (real.warmstart.steps, real.warmstart.batch_rows, real.learner.warmstart.learning_rate) == (12, 4, 3e-4)
-    assert (real.max_new_tokens_per_turn, real.batch_records, real.publish_every, real.plan) == (48, 2, 1, "off")
+    assert (real.turn.max_new_tokens_per_turn, real.batch_records, real.publish_every, real.plan) == (48, 2, 1, "off")
     assert real.learner.learner.learning_rate == 5e-5 != byte.learner.learner.learning_rate
     assert real.learner.learner.lr_decay == 0.9  # the late collapse of constant-rate runs 6 and 9
     assert real.learner.learner.loss.kl_coef == 0.1 != byte.learner.learner.loss.kl_coef  # run 11's early one

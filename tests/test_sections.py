@@ -39,6 +39,7 @@ def _processes(cfg: DemoConfig, tmp_path) -> dict:
         (["--env=guess"], lambda p: (p["learner"].env.name, p["evaluator"].env.name)),
         (['--env_config={"max_ops_per_call": 1}'], lambda p: (p["learner"].env.config, p["evaluator"].env.config)),
         (["--rows=3"], lambda p: (p["learner"].layout, p["rollout"].layout)),
+        (["--max_new_tokens_per_turn=48"], lambda p: (p["rollout"].engine.turn, p["evaluator"].turn)),
         (["--lora_rank=4", "--lora_alpha=8"], lambda p: (p["learner"].learner.lora,)),
         (["--warmstart_steps=5", "--warmstart_lr=1e-4"], lambda p: (p["learner"].warmstart.learning_rate,)),
     ],
@@ -61,7 +62,8 @@ def test_a_shared_sections_copies_have_no_flags_of_their_own():
     flags = {leaf.flag for leaf in config.leaves(DemoConfig)}
     assert {"model", "model_config", "env", "env_config", "tool_latency", "lora_rank", "warmstart_steps"} <= flags
     for prefix in ("learner.", "rollout.", "eval_"):
-        assert not {prefix + f for f in ("model", "model_config", "env", "env_config", "rows", "logdir")} & flags
+        held = ("model", "model_config", "env", "env_config", "rows", "logdir", "max_new_tokens_per_turn")
+        assert not {prefix + f for f in held} & flags
         # Where a process connects is wiring: the demo sets it from its workdir and emulator.
         assert not {prefix + f for f in ("policy_root", "data_dir", "requests_topic", "records_topic")} & flags
     assert {"policy_root", "requests_topic", "data_dir"} <= {leaf.flag for leaf in config.leaves(LearnerJobConfig)}

@@ -84,7 +84,6 @@ def rollout_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         policy_poll_s=cfg.policy_poll_s,
         max_wait_s=cfg.max_wait_s,
         filter_zero_signal=not cfg.keep_zero_signal,
-        max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
     )
     if plan:
         rollout = _plan_then_user(rollout, plan["pipeline_flags"], cfg.rollout, main_job_rollout())
@@ -97,7 +96,6 @@ def evaluator_config(cfg: DemoConfig, workdir: Path, store: Path) -> EvaluatorCo
         cfg.evaluator,
         policy_root=str(store),
         out=str(workdir / "eval.jsonl"),
-        max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
         # The learner's dataset, and its test split: one seed builds both splits, disjoint.
         data_dir=str(workdir / "datasets"),
         task_seed=cfg.learner.task_seed,
@@ -329,7 +327,7 @@ def with_model_layout(cfg: DemoConfig) -> DemoConfig:
         return cfg
     from localstack.launch.model_layout import layout_for_model
 
-    turn = cfg.max_new_tokens_per_turn
+    turn = cfg.turn.max_new_tokens_per_turn
     found = layout_for_model(
         cfg.model.checkpoint,
         cfg.env.name,

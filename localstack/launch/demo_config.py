@@ -1,8 +1,8 @@
 """The demo's config tree: the main job's settings, and the processes it starts.
 
 Top-level fields are the run's own (workdir, restarts, the live panel, steps, group and
-batch sizes), and the sections every process must agree on (model, environment, layout,
-LoRA, warm start, telemetry), declared `shared`: each is given to every process's section
+batch sizes), and the sections every process must agree on (model, environment, turn
+length, layout, LoRA, warm start, telemetry), declared `shared`: each is given to every process's section
 of its type, which has no flag of its own. The processes' sections are the learner's, the
 rollout job's and the evaluator's own config trees, preset for the main job; any of their
 fields is a flag under the section's prefix (`--learner.kl_coef=0.01`,
@@ -20,7 +20,7 @@ from core import config
 from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.lora import LoraConfig
-from core.sections import EnvChoice, ModelChoice, TelemetryDirs
+from core.sections import EnvChoice, ModelChoice, TelemetryDirs, TurnBudget
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
@@ -31,11 +31,11 @@ SET_BY_DEMO = "set-by-the-demo"  # placeholder for a field the demo fills in at 
 # The run-wide settings the demo holds itself (its progress, deadline and accounting read
 # them) and sets in each process: no flag there. Where a process connects (its `wiring`
 # knobs: topics, stores, paths) the demo sets from its workdir and the emulator, and the
-# `shared` sections below (model, environment, layout, LoRA, warm start, telemetry) are
+# `shared` sections below (model, environment, turn, layout, LoRA, warm start, telemetry) are
 # set once for every process: neither needs an entry here.
 LEARNER_SET = ("init_policy", "sync", "max_steps", "publish_every", "batch_records", "group_size", "timeout_s")
-ROLLOUT_SET = ("max_new_tokens_per_turn", "policy_poll_s", "max_wait_s", "filter_zero_signal")
-EVALUATOR_SET = ("task_seed", "timeout_s", "max_tokens", "max_new_tokens_per_turn")
+ROLLOUT_SET = ("policy_poll_s", "max_wait_s", "filter_zero_signal")
+EVALUATOR_SET = ("task_seed", "timeout_s", "max_tokens")
 
 
 def main_job_learner() -> LearnerJobConfig:
@@ -74,7 +74,6 @@ class DemoConfig:
     keep_zero_signal: bool = knob(
         False, "also train on groups whose rewards are all equal (they carry no gradient, only dilute it)"
     )
-    max_new_tokens_per_turn: int = knob(32, "tokens one model turn may generate (rollout, evaluation, layout)", ge=1)
     sync: bool = knob(False, "the synchronous baseline: one round of rollouts per policy version")
     timeout_s: float = knob(900.0, "the learner gives up after this long")
     policy_poll_s: float = knob(0.5, "how often rollout workers look for a new policy version")
@@ -104,6 +103,7 @@ class DemoConfig:
     # with --model the layout follows from the checkpoint unless layout flags are given).
     env: EnvChoice = section(main_job_env, help="the environment", shared=True)
     model: ModelChoice = section(ModelChoice, help="the policy model", shared=True)
+    turn: TurnBudget = section(TurnBudget, help="one model turn (rollout, evaluation, layout)", shared=True)
     layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same for both sides", shared=True)
     lora: LoraConfig = section(LoraConfig, "lora_", "LoRA adapters (rank 0: full fine-tuning)", shared=True)
     warmstart: WarmStartConfig = section(main_job_warmstart, "warmstart_", "behaviour cloning before v0", shared=True)
