@@ -22,6 +22,7 @@ from trainer.learning.step.losses import (
     all_finite,
     kl_penalty,
     policy_loss,
+    reference_kl,
 )
 
 E = math.exp
@@ -289,12 +290,46 @@ def test_kl_term_is_added_to_the_loss(estimator):
     with_kl = dataclasses.replace(base, kl_coef=0.25, kl_estimator=estimator)
     loss0, _ = policy_loss(logp, behaviour, adv, mask, seg, base, ref_logp=ref)
     loss1, m1 = policy_loss(logp, behaviour, adv, mask, seg, with_kl, ref_logp=ref)
-    kl = aggregate(kl_penalty(logp, ref, estimator), mask, seg, "seq-mean-token-mean", 3)
+    kl = aggregate(reference_kl(logp, behaviour, ref, estimator), mask, seg, "seq-mean-token-mean", 3)
     assert float(m1["losses/kl_ref"]) == pytest.approx(float(kl), rel=1e-6)
     assert float(loss1) == pytest.approx(float(loss0) + 0.25 * float(kl), rel=1e-6)
     assert float(m1["losses/policy_loss"]) == pytest.approx(float(loss0), rel=1e-6)
     assert float(m1["losses/total_loss"]) == pytest.approx(float(loss1), rel=1e-6)
     assert float(kl) != 0.0
+
+
+def _distribution(draw_logits):
+    return jax.nn.log_softmax(jnp.asarray(draw_logits, jnp.float32))
+
+
+logits = st.lists(st.floats(-8.0, 8.0, allow_nan=False, width=32), min_size=5, max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(logits, logits, logits)
+def test_the_weighted_estimates_mu_expectation_is_the_kl_under_pi(pi, mu, ref):
+    """Every token of a 5-token vocabulary, weighted by mu's probability (the sampler drew it):
+    k1's and k3's weighted estimates average to KL(pi || ref) exactly, whatever mu is; the
+    unweighted k3 does not (it averages ref's KL under mu)."""
+    pi, mu, ref = (_distribution(x)[None, :] for x in (pi, mu, ref))
+    exact = float(jnp.sum(jnp.exp(pi) * (pi - ref)))
+    for estimator in ("k1", "k3"):
+        under_mu = float(jnp.sum(jnp.exp(mu) * reference_kl(pi, mu, ref, estimator)))
+        assert under_mu == pytest.approx(exact, rel=1e-3, abs=1e-4)
+    assert float(jnp.sum(jnp.exp(pi) * reference_kl(pi, pi, ref, "k3"))) == pytest.approx(exact, rel=1e-3, abs=1e-4)
+
+
+def test_a_token_the_policy_has_left_costs_little_not_e_to_the_log_ratio():
+    """The SmolLM2 case: the sampler (the reference itself, v0) drew a token the policy now gives
+    e^-15 of the reference's probability. Unweighted, k3 charges it e^15 nats; weighted, under 1,
+    and its gradient is bounded too."""
+    logp, ref = jnp.asarray([[-16.0]]), jnp.asarray([[-1.0]])
+    assert float(kl_penalty(logp, ref, "k3")[0, 0]) > 3e6
+    assert 0.0 <= float(reference_kl(logp, ref, ref, "k3")[0, 0]) < 1.0
+    grad = jax.grad(lambda lp: jnp.sum(reference_kl(lp, ref, ref, "k3")))(logp)
+    assert abs(float(grad[0, 0])) <= 1.0
+    capped = reference_kl(jnp.asarray([[-0.1]]), jnp.asarray([[-9.0]]), ref, "k3", cap=2.0)
+    assert float(capped[0, 0]) == pytest.approx(2.0 * float(kl_penalty(jnp.asarray([[-0.1]]), ref, "k3")[0, 0]))
 
 
 # ----------------------------------------------------------------------------- extreme ratios

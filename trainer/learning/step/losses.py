@@ -127,6 +127,19 @@ def kl_penalty(logp, ref_logp, estimator: str = "k3"):
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
 
 
+def reference_kl(logp, behaviour_logp, ref_logp, estimator: str = "k3", cap: float | None = None):
+    """Per-token KL(pi || ref) estimates on tokens the sampler mu drew: kl_penalty weighted by
+    sg(pi / mu) (capped at `cap` when given), so that their mu-expectation is the pi-expectation
+    the estimators assume. Unweighted, a token the policy has since made unlikely costs
+    e^(log ref - log pi) under k3: SmolLM2's first RL steps put 12-49 nats on it, and the
+    penalty's gradient (norm 392-676) buried the policy's."""
+    log_w = jnp.clip(logp - behaviour_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    weight = jax.lax.stop_gradient(jnp.exp(log_w))
+    if cap is not None:
+        weight = jnp.minimum(weight, cap)
+    return weight * kl_penalty(logp, ref_logp, estimator)
+
+
 # ----------------------------------------------------------------------------- 4. config
 @configclass
 class LossConfig:
@@ -183,7 +196,7 @@ def policy_loss(
     totals: dict | None = None,
 ):
     """The policy loss of cfg.algorithm, aggregated by cfg.aggregation, plus
-    cfg.kl_coef * aggregate(kl_penalty(logp, ref_logp)). Returns (loss, metrics).
+    cfg.kl_coef * aggregate(reference_kl(logp, behaviour_logp, ref_logp)). Returns (loss, metrics).
 
     ppo            ratio = pi_theta / mu, clipped to [1 - eps_low, 1 + eps_high].
     gspo_token     GSPO-token: s_i = exp(mean over sequence i's tokens of log(pi_theta / mu));
@@ -258,9 +271,10 @@ def policy_loss(
     pg_loss = agg(per_token)
     loss = pg_loss
 
-    # 4. KL penalty to the reference policy.
+    # 4. KL penalty to the reference policy, on the sampler's tokens (importance-weighted).
     if ref_logp is not None:
-        kl = kl_penalty(jnp.where(mask, logp, 0.0), jnp.where(mask, ref_logp, 0.0), cfg.kl_estimator)
+        live = [jnp.where(mask, x, 0.0) for x in (logp, behaviour_logp, ref_logp)]
+        kl = reference_kl(*live, cfg.kl_estimator, cfg.tis_cap)
         metrics["losses/kl_ref"] = agg(kl)
         loss = loss + cfg.kl_coef * metrics["losses/kl_ref"]
 
