@@ -152,7 +152,11 @@ class LossConfig:
     aggregation: str = knob("token-mean", "how per-token losses reduce to one", choices=AGGREGATIONS)
     max_segments: int = derived(8, ">= the packer's max segments per row (seq-* modes, gspo_token): the layout's", ge=1)
     tis_cap: float | None = knob(None, "truncated importance sampling cap C of min(pi_prox / mu, C) (unset: off)", gt=0)
-    kl_coef: float = knob(0.0, "weight of the KL penalty to the reference (the v0 policy)", ge=0)
+    kl_coef: float = knob(
+        0.0,
+        "weight of the KL penalty to the reference (the v0 policy), on the sampler's tokens weighted by pi/mu",
+        ge=0,
+    )
     kl_estimator: str = knob("k3", "the per-token KL estimator", choices=KL_ESTIMATORS)
     norm_len: float | None = knob(None, "seq-mean-token-sum only: divide sequence sums by this (unset: do not)", gt=0)
 
