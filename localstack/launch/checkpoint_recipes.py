@@ -41,9 +41,10 @@ has the runs and the commands):
   the loss now holds the policy near v0 (the warm start) by a k3 KL at 0.1
   (`--learner.kl_coef=0.1`): the call decision RL learns is a few tokens an episode, the
   broken turns of runs 9 and 11 are many. Run 13 estimated it unweighted on the sampler's
-  tokens: v0's bare answers, which RL had made unlikely, cost 12-49 nats a token and
-  pulled the policy back to them (no_call 3 at v2, 65 at v8; 0.863 -> 0.613). The
-  estimate is now weighted by pi/mu (losses.reference_kl); run 14 measures it.
+  tokens: tokens RL had made unlikely cost 12-49 nats each, the penalty's gradient set
+  the steps (norm 392-676), and answers without a call came back (no_call 3 at v2, 65
+  at v8; 0.863 -> 0.613). The estimate is now weighted by pi/mu (losses.reference_kl);
+  run 14 measures it.
   The evaluator at nice 10 scores greedy only at v0 and the final version
   (`--eval_greedy_at=ends`), which cost run 2 three minutes at its end.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
