@@ -93,7 +93,7 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
     assert (real.turn.max_new_tokens_per_turn, real.batch_records, real.publish_every, real.plan) == (48, 2, 1, "off")
     assert real.learner.learner.learning_rate == 5e-5 != byte.learner.learner.learning_rate
     assert real.learner.learner.lr_decay == 0.9  # the late collapse of constant-rate runs 6 and 9
-    assert real.learner.learner.loss.kl_coef == 0  # runs 13-14: a pull towards v0 keeps v0's skipped calls
+    assert real.learner.learner.loss.kl_coef == 0  # runs 13-14: skipped calls came back, past the hour
     assert byte == config.build(DemoConfig)  # no --model: the byte recipe alone
     mine = parse_args(["--model=/ckpt/SmolLM2", "--warmstart_steps=3", "--learner.learning_rate=0", "--plan", "auto"])
     assert (mine.warmstart.steps, mine.learner.learner.learning_rate, mine.plan) == (3, 0.0, "auto")

@@ -37,14 +37,14 @@ has the runs and the commands):
   cosine to a tenth at the last step (`--learner.lr_decay=0.9`, as code's and guess's byte
   recipes: code's last versions steadied with it). Run 10 held 0.941-0.949 from v6 to
   v10; run 11, the same recipe, collapsed by v7 (empty answers, broken calls) and its
-  learner starved: decay shrinks the late steps, it does not prevent an early collapse. A KL to v0 was
-  tried and left out (`--learner.kl_coef=0.1`, runs 13-14): estimated unweighted on the
-  sampler's tokens it charged 12-49 nats a token and set the steps (run 13: 0.863 at v2,
-  0.613 at v8, 0.719 at v10), and weighted by pi/mu (losses.reference_kl) it still let
-  answers without a call come back (run 14: 0.910 at v4, 0.656 at v6, 0.891 at v10). v0 skips
-  the call in 145 of 256 episodes, so a pull towards v0 works against what RL must learn
-  (a reading, not a measured cause); and the reference's forward pass took the demo past
-  the hour (62.1 minutes in run 14).
+  learner starved: decay shrinks the late steps, it does not prevent an early collapse.
+  A KL to v0 was tried and left out (`--learner.kl_coef=0.1`, runs 13-14): estimated
+  unweighted on the sampler's tokens it charged 12-49 nats a token and set the steps
+  (run 13: 0.863 at v2, 0.613 at v8, 0.719 at v10); weighted by pi/mu
+  (losses.reference_kl) it still let answers without a call come back (run 14: 0.910 at
+  v4, 0.656 at v6, 0.891 at v10). v0 skips the call in 145 of 256 episodes, so a pull
+  towards v0 works against what RL must learn (a reading, not a measured cause); and the
+  reference's forward pass took the demo past the hour (62.1 minutes in run 14).
   The evaluator at nice 10 scores greedy only at v0 and the final version
   (`--eval_greedy_at=ends`), which cost run 2 three minutes at its end.
 - Episode timeouts of 15 minutes, and requests written off after 30: 64 episodes share one
