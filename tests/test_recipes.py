@@ -91,7 +91,7 @@ def test_a_checkpoint_gets_the_checkpoint_recipe_on_top_of_the_environments_and_
     assert real.model.checkpoint == "/ckpt/SmolLM2" and byte.model.checkpoint is None
     assert (real.warmstart.steps, real.warmstart.batch_rows, real.learner.warmstart.learning_rate) == (12, 4, 3e-4)
     assert (real.turn.max_new_tokens_per_turn, real.batch_records, real.publish_every, real.plan) == (48, 2, 1, "off")
-    assert real.learner.learner.learning_rate == 5e-5 != byte.learner.learner.learning_rate
+    assert real.learner.learner.learning_rate == 2e-5 != byte.learner.learner.learning_rate  # 5e-5: entropy 0.03
     assert real.learner.learner.lr_decay == 0.9  # the late collapse of constant-rate runs 6 and 9
     assert real.learner.learner.loss.kl_coef == 0  # runs 13-14: skipped calls came back, past the hour
     assert byte == config.build(DemoConfig)  # no --model: the byte recipe alone
