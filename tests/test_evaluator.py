@@ -13,7 +13,7 @@ from core.policy.config import ModelConfig
 from core.policy.model import init_model, split_params
 from core.telemetry.scalars import read_rows
 from localstack.launch.processes import ProcessGroup
-from localstack.reports.heldout import held_out_summary
+from localstack.reports.heldout import FINAL_SCORING_MIN_S, final_scoring_budget_s, held_out_summary
 from tests import _commands as commands
 
 KEYS = {
@@ -150,3 +150,11 @@ def test_greedy_at_the_ends_scores_greedy_for_the_first_and_the_final_version_on
         (1, "sampled"),
         (1, "greedy"),
     ]
+
+
+def test_the_demo_waits_for_the_final_scoring_as_long_as_four_of_its_longest_evaluations():
+    # SmolLM2 run 15: evaluations of 297-425 s, and a fixed 900 s cut the final greedy one.
+    rows = [{"version": 0, "mode": "sampled", "eval_s": 297.0}, {"version": 3, "mode": "sampled", "eval_s": 425.0}]
+    assert final_scoring_budget_s(rows) == 4 * 425.0
+    assert final_scoring_budget_s([{"eval_s": 12.0}]) == FINAL_SCORING_MIN_S  # the byte policy: the floor
+    assert final_scoring_budget_s([]) == FINAL_SCORING_MIN_S  # nothing scored yet

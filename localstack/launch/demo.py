@@ -32,7 +32,7 @@ from localstack.launch.demo_config import DemoConfig, main_job_learner, main_job
 from localstack.launch.plan import PlanConfig
 from localstack.launch.processes import ProcessGroup
 from localstack.reports import reconcile
-from localstack.reports.heldout import held_out_summary
+from localstack.reports.heldout import final_scoring_budget_s, held_out_summary
 from localstack.reports.live import Progress, learner_waiting
 from localstack.reports.summary import DemoSummary, print_summary
 from pipelines.config import RolloutJobConfig
@@ -261,7 +261,8 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
             if evaluating:  # score the final version too, then stop
                 final = RunSummary.from_json(summary_path.read_text()).policy_versions_published[-1]
                 (workdir / "final_version").write_text(str(final))
-                wait_for(evaluator, 900, "evaluator", lambda: progress.update("scoring the final version"))
+                budget = final_scoring_budget_s(read_rows(workdir / "eval.jsonl"))
+                wait_for(evaluator, budget, "evaluator", lambda: progress.update("scoring the final version"))
     learned = RunSummary.from_json(summary_path.read_text())
     rows = read_rows(workdir / "eval.jsonl")
     rollout = reconcile.rollout_totals(workdir)  # the workers' last rows: written as they stopped

@@ -47,3 +47,16 @@ def format_held_out(summary: dict, n: int | None = None) -> list[str]:
             f"v{last['version']} {last['success']:.3f} in {last['rl_s']} s of RL; {reach}"
         )
     return lines
+
+
+FINAL_SCORING_MIN_S = 900.0
+
+
+def final_scoring_budget_s(rows: list[dict]) -> float:
+    """How long the demo waits for the evaluator once the learner is done: the evaluation it
+    may be in the middle of, then the final version's modes (sampled, greedy), with room to
+    spare: four times the longest evaluation so far, and never under 15 minutes. A real
+    model's evaluation takes 5-7 minutes on two cores: a fixed 900 s failed SmolLM2 run 15
+    in its final greedy evaluation, after all ten steps had trained."""
+    longest = max((float(r.get("eval_s", 0.0)) for r in rows), default=0.0)
+    return max(FINAL_SCORING_MIN_S, 4 * longest)
