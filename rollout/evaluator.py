@@ -11,13 +11,15 @@ temperature 1, and greedy), on N test-split tasks; versions published while it w
 are skipped and counted, never queued without bound. Each (version, mode) becomes one
 JSON row of --out: success, mean turns, tool-call error rate, episode statuses, the
 version's learner step and publish time. With --stop_file, once that file holds the final
-version number, it scores that version too and exits. Its episodes never produce
-trajectories or records, so evaluation never trains. Its flags are EvaluatorConfig's
+version number, it scores that version too and exits, giving up an evaluation of an
+earlier version it is in the middle of. Its episodes never produce trajectories or
+records, so evaluation never trains. Its flags are EvaluatorConfig's
 (`python -m rollout.evaluator` is the same command).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -38,7 +40,7 @@ from core.policy.versions import VersionLoader, base_params
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs, TurnBudget
 from core.telemetry import scalars, trace
 from rollout.episodes import EpisodeLimits
-from rollout.scoring import MODES, evaluate
+from rollout.scoring import MODES, Superseded, evaluate
 
 log = logging.getLogger("evaluator")
 
@@ -108,6 +110,13 @@ def final_version(stop_file: str | None) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _superseded(stop_file: str | None, version: int) -> bool:
+    """Once the learner is done, a version before the final one is not worth finishing: at a
+    real model's size an evaluation takes minutes, and the final version waits behind it."""
+    final = final_version(stop_file)
+    return final is not None and final > version
+
+
 def run(args: EvaluatorConfig) -> list[dict]:
     process_memory.start_tracing()  # with AGENTIC_RL_TRACEMALLOC (a soak): where memory grows
     writer, tracer = (
@@ -146,6 +155,7 @@ def _run(args, writer, tracer) -> list[dict]:
     out, rows, done, skipped = Path(args.out), [], -1, 0
     scored: dict[int, set[str]] = {}  # version -> the modes it has a row for
     out.parent.mkdir(parents=True, exist_ok=True)
+    episode_args = (args.env.name, tasks, limits, args.env.config, fmt, args.examples)
     deadline = time.monotonic() + args.timeout_s
     while time.monotonic() < deadline:
         final = final_version(args.stop_file)
@@ -174,6 +184,7 @@ def _run(args, writer, tracer) -> list[dict]:
             log.warning("cannot load version %d: %s", version, e)
             time.sleep(args.poll_s)
             continue
+        superseded = functools.partial(_superseded, args.stop_file, version)
         for mode in todo:
             row = {
                 "version": version,
@@ -185,7 +196,14 @@ def _run(args, writer, tracer) -> list[dict]:
             }
             with tracer.span("evaluate", "evaluator", version=version, mode=mode) as span:
                 sampler.greedy = mode == "greedy"
-                row.update(evaluate(params, sampler, args.env.name, tasks, limits, args.env.config, fmt, args.examples))
+                try:
+                    row.update(evaluate(params, sampler, *episode_args, superseded))
+                except Superseded:
+                    log.info(
+                        "eval v%d %s given up: the learner is done, and a later version is the final", version, mode
+                    )
+                    skipped += 1
+                    break
                 span.args["success"] = row["success"]
             write_examples(out, row)
             rows.append(row)

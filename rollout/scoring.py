@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -69,8 +70,19 @@ def summarize(outcomes, success=None) -> dict:
     }
 
 
-async def _episodes(engine, envs, tasks, limits: EpisodeLimits):
-    return await asyncio.gather(*(run_episode(engine, env, t, limits) for env, t in zip(envs, tasks)))
+class Superseded(Exception):
+    """An evaluation given up part-way: the version it scores is no longer wanted."""
+
+
+async def _episodes(engine, envs, tasks, limits: EpisodeLimits, superseded=None, poll_s: float = 1.0):
+    episodes = asyncio.gather(*(run_episode(engine, env, t, limits) for env, t in zip(envs, tasks)))
+    while superseded is not None and not episodes.done():
+        await asyncio.wait({episodes}, timeout=poll_s)
+        if not episodes.done() and superseded():
+            episodes.cancel()
+            await asyncio.gather(episodes, return_exceptions=True)  # the episodes' own clean-up runs
+            raise Superseded
+    return await episodes
 
 
 def evaluate(
@@ -82,10 +94,12 @@ def evaluate(
     env_config: dict | None = None,
     chat_format=None,
     examples: int = 0,
+    superseded: Callable[[], bool] | None = None,
 ) -> dict:
     """The summary of one episode per task under `params` (sampler.greedy picks the mode),
     in the model's chat format (default: the byte format); with `examples`, "examples" holds
-    up to that many transcripts of each failure class."""
+    up to that many transcripts of each failure class. Raises Superseded, its episodes
+    cancelled, once `superseded()` is true (asked every second)."""
     # The engine holds its loop task, whose coroutine holds the engine: a reference cycle
     # that lives until the next full gc pass. Through a holder emptied here, it no longer
     # pins the params: at SmolLM2's size it kept a whole version's 0.5 GB beside the next
@@ -95,7 +109,7 @@ def evaluate(
     t0 = time.monotonic()
     envs = [environments.make(env_name, **dict(env_config or {})) for _ in tasks]
     try:
-        outcomes = asyncio.run(_episodes(engine, envs, tasks, limits))
+        outcomes = asyncio.run(_episodes(engine, envs, tasks, limits, superseded))
     finally:
         holder.clear()
     success = envs[0].success if envs else None  # the environment's own criterion, not a shaped reward

@@ -1,6 +1,7 @@
 """The evaluator scores policy versions from the store on held-out tasks, in its own
 process, and never publishes anything: its episodes cannot reach the records topic."""
 
+import asyncio
 import os
 import time
 
@@ -158,3 +159,76 @@ def test_the_demo_waits_for_the_final_scoring_as_long_as_four_of_its_longest_eva
     assert final_scoring_budget_s(rows) == 4 * 425.0
     assert final_scoring_budget_s([{"eval_s": 12.0}]) == FINAL_SCORING_MIN_S  # the byte policy: the floor
     assert final_scoring_budget_s([]) == FINAL_SCORING_MIN_S  # nothing scored yet
+
+
+def test_an_evaluation_given_up_part_way_cancels_every_episode(monkeypatch):
+    """Once the learner is done, an evaluation of an earlier version is not worth finishing:
+    at SmolLM2's size it takes 5-7 minutes, and the final version waited behind it (run 15)."""
+    from rollout import scoring
+
+    started, cancelled, asked = [], [], []
+
+    async def endless_episode(engine, env, task, limits):
+        started.append(task)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(task)
+            raise
+
+    monkeypatch.setattr(scoring, "run_episode", endless_episode)
+
+    def superseded():  # the third time it is asked
+        asked.append(1)
+        return len(asked) > 2
+
+    with pytest.raises(scoring.Superseded):
+        asyncio.run(scoring._episodes(None, [None] * 3, [1, 2, 3], None, superseded, 0.01))
+    assert sorted(started) == sorted(cancelled) == [1, 2, 3] and len(asked) == 3
+
+
+def test_a_sampler_whose_evaluation_was_given_up_scores_the_next_one_as_a_fresh_one():
+    """The real engine on the tiny model: 96 episodes on 8 slots outlast the first poll."""
+    import environments
+    from core.policy.sampling import Sampler
+    from rollout import scoring
+    from rollout.episodes import EpisodeLimits
+
+    cfg, env_config = ModelConfig(), {"tool_latency": "none"}
+    tasks = environments.make_tasks("calculator", 0, 96, "test", env_config)
+    limits = EpisodeLimits(max_new_tokens_per_turn=8, max_tokens=128, episode_timeout_s=120)
+    params = split_params(init_model(cfg, 0))[1]
+    fresh = scoring.evaluate(params, Sampler(cfg, 8, 128, 16), "calculator", tasks, limits, env_config)
+    sampler = Sampler(cfg, 8, 128, 16)
+    with pytest.raises(scoring.Superseded):
+        scoring.evaluate(params, sampler, "calculator", tasks, limits, env_config, superseded=lambda: True)
+    again = scoring.evaluate(params, sampler, "calculator", tasks, limits, env_config)
+    assert again["n"] == 96 and (again["outcomes"], again["status"]) == (fresh["outcomes"], fresh["status"])
+
+
+def test_the_evaluator_gives_up_an_earlier_version_once_the_final_is_known(tmp_path, monkeypatch):
+    from core import config
+    from rollout import evaluator
+
+    store, out, stop = PolicyStore(tmp_path / "store"), tmp_path / "eval.jsonl", tmp_path / "final"
+    publish(store, 0, seed=0)
+    calls = []
+
+    def evaluate(params, sampler, env, tasks, limits, env_config, fmt, examples, superseded):
+        calls.append(superseded())
+        if len(calls) == 1:  # v0 in flight: the learner publishes v1, its last, and says so
+            publish(store, 1, seed=1)
+            stop.write_text("1")
+            if superseded():
+                raise evaluator.Superseded
+        return {"n": len(tasks), "success": 1.0, "mean_turns": 1.0, "status": {}, "outcomes": {}, "eval_s": 0.1}
+
+    monkeypatch.setattr(evaluator, "evaluate", evaluate)
+    cfg = config.build(
+        evaluator.EvaluatorConfig, policy_root=str(tmp_path / "store"), out=str(out), n=2, slots=2,
+        stop_file=str(stop), poll_s=0.05, timeout_s=60,
+    )  # fmt: skip
+    rows = evaluator.run(cfg)
+    assert [(r["version"], r["mode"], r["skipped_versions"]) for r in rows] == [(1, "sampled", 1), (1, "greedy", 1)]
+    assert [(r["version"], r["mode"]) for r in read_rows(out)] == [(1, "sampled"), (1, "greedy")]
+    assert calls == [False, False, False]  # the final version's own evaluations are never given up
