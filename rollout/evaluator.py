@@ -184,7 +184,8 @@ def _run(args, writer, tracer) -> list[dict]:
             log.warning("cannot load version %d: %s", version, e)
             time.sleep(args.poll_s)
             continue
-        superseded = functools.partial(_superseded, args.stop_file, version)
+        # The first version scored is the run's baseline (v0): never given up.
+        superseded = functools.partial(_superseded, args.stop_file, version) if done >= 0 else None
         for mode in todo:
             row = {
                 "version": version,

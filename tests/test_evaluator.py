@@ -206,21 +206,22 @@ def test_a_sampler_whose_evaluation_was_given_up_scores_the_next_one_as_a_fresh_
     assert again["n"] == 96 and (again["outcomes"], again["status"]) == (fresh["outcomes"], fresh["status"])
 
 
-def test_the_evaluator_gives_up_an_earlier_version_once_the_final_is_known(tmp_path, monkeypatch):
+def _run_evaluator_scripted(tmp_path, monkeypatch, script) -> tuple[list[tuple], list[bool]]:
+    """The evaluator's loop with scoring.evaluate stood in for: before its k-th call returns,
+    script[k](store, stop) runs (a learner publishing, then writing the stop file); then the
+    call gives up if the evaluator tells it the version is superseded, as evaluate would."""
     from core import config
     from rollout import evaluator
 
     store, out, stop = PolicyStore(tmp_path / "store"), tmp_path / "eval.jsonl", tmp_path / "final"
     publish(store, 0, seed=0)
-    calls = []
+    asked = []  # per call: whether the evaluator gave it a way to give up
 
     def evaluate(params, sampler, env, tasks, limits, env_config, fmt, examples, superseded):
-        calls.append(superseded())
-        if len(calls) == 1:  # v0 in flight: the learner publishes v1, its last, and says so
-            publish(store, 1, seed=1)
-            stop.write_text("1")
-            if superseded():
-                raise evaluator.Superseded
+        asked.append(superseded is not None)
+        script.get(len(asked), lambda store, stop: None)(store, stop)
+        if superseded is not None and superseded():
+            raise evaluator.Superseded
         return {"n": len(tasks), "success": 1.0, "mean_turns": 1.0, "status": {}, "outcomes": {}, "eval_s": 0.1}
 
     monkeypatch.setattr(evaluator, "evaluate", evaluate)
@@ -229,6 +230,28 @@ def test_the_evaluator_gives_up_an_earlier_version_once_the_final_is_known(tmp_p
         stop_file=str(stop), poll_s=0.05, timeout_s=60,
     )  # fmt: skip
     rows = evaluator.run(cfg)
-    assert [(r["version"], r["mode"], r["skipped_versions"]) for r in rows] == [(1, "sampled", 1), (1, "greedy", 1)]
-    assert [(r["version"], r["mode"]) for r in read_rows(out)] == [(1, "sampled"), (1, "greedy")]
-    assert calls == [False, False, False]  # the final version's own evaluations are never given up
+    assert [(r["version"], r["mode"]) for r in read_rows(out)] == [(r["version"], r["mode"]) for r in rows]
+    return [(r["version"], r["mode"], r["skipped_versions"]) for r in rows], asked
+
+
+def _finish_at(version: int):
+    def learner_done(store, stop):
+        publish(store, version, seed=version)
+        stop.write_text(str(version))
+
+    return learner_done
+
+
+def test_the_evaluator_gives_up_an_earlier_version_once_the_final_is_known(tmp_path, monkeypatch):
+    # v1 is published as v0's greedy evaluation ends; the learner stops at v2 during v1's.
+    script = {2: lambda store, stop: publish(store, 1, seed=1), 3: _finish_at(2)}
+    rows, asked = _run_evaluator_scripted(tmp_path, monkeypatch, script)
+    assert rows == [(0, "sampled", 0), (0, "greedy", 0), (2, "sampled", 1), (2, "greedy", 1)]
+    assert asked == [False, False, True, True, True]
+
+
+def test_the_evaluator_never_gives_up_the_baseline(tmp_path, monkeypatch):
+    # The learner stops at v1 while v0, the first version scored, is in flight.
+    rows, asked = _run_evaluator_scripted(tmp_path, monkeypatch, {1: _finish_at(1)})
+    assert rows == [(0, "sampled", 0), (0, "greedy", 0), (1, "sampled", 0), (1, "greedy", 0)]
+    assert asked == [False, False, True, True]
