@@ -77,11 +77,11 @@ class Superseded(Exception):
 async def _episodes(engine, envs, tasks, limits: EpisodeLimits, superseded=None, poll_s: float = 1.0):
     episodes = asyncio.gather(*(run_episode(engine, env, t, limits) for env, t in zip(envs, tasks)))
     while superseded is not None and not episodes.done():
-        await asyncio.wait({episodes}, timeout=poll_s)
-        if not episodes.done() and superseded():
+        if superseded():
             episodes.cancel()
             await asyncio.gather(episodes, return_exceptions=True)  # the episodes' own clean-up runs
             raise Superseded
+        await asyncio.wait({episodes}, timeout=poll_s)
     return await episodes
 
 
@@ -99,7 +99,7 @@ def evaluate(
     """The summary of one episode per task under `params` (sampler.greedy picks the mode),
     in the model's chat format (default: the byte format); with `examples`, "examples" holds
     up to that many transcripts of each failure class. Raises Superseded, its episodes
-    cancelled, once `superseded()` is true (asked every second)."""
+    cancelled, once `superseded()` is true (asked at the start, then every second)."""
     # The engine holds its loop task, whose coroutine holds the engine: a reference cycle
     # that lives until the next full gc pass. Through a holder emptied here, it no longer
     # pins the params: at SmolLM2's size it kept a whole version's 0.5 GB beside the next

@@ -188,22 +188,29 @@ def test_an_evaluation_given_up_part_way_cancels_every_episode(monkeypatch):
 
 
 def test_a_sampler_whose_evaluation_was_given_up_scores_the_next_one_as_a_fresh_one():
-    """The real engine on the tiny model: 96 episodes on 8 slots outlast the first poll."""
+    """The real engine on the tiny model, given up a second in: 256 episodes on 8 slots take
+    about 5 s here, so some have ended and some are mid-turn."""
     import environments
     from core.policy.sampling import Sampler
     from rollout import scoring
     from rollout.episodes import EpisodeLimits
 
     cfg, env_config = ModelConfig(), {"tool_latency": "none"}
-    tasks = environments.make_tasks("calculator", 0, 96, "test", env_config)
+    tasks = environments.make_tasks("calculator", 0, 256, "test", env_config)
     limits = EpisodeLimits(max_new_tokens_per_turn=8, max_tokens=128, episode_timeout_s=120)
     params = split_params(init_model(cfg, 0))[1]
     fresh = scoring.evaluate(params, Sampler(cfg, 8, 128, 16), "calculator", tasks, limits, env_config)
     sampler = Sampler(cfg, 8, 128, 16)
+    asked = []
+
+    def at_the_second_ask() -> bool:  # asked at the start, then a second later
+        asked.append(1)
+        return len(asked) > 1
+
     with pytest.raises(scoring.Superseded):
-        scoring.evaluate(params, sampler, "calculator", tasks, limits, env_config, superseded=lambda: True)
+        scoring.evaluate(params, sampler, "calculator", tasks, limits, env_config, superseded=at_the_second_ask)
     again = scoring.evaluate(params, sampler, "calculator", tasks, limits, env_config)
-    assert again["n"] == 96 and (again["outcomes"], again["status"]) == (fresh["outcomes"], fresh["status"])
+    assert again["n"] == 256 and (again["outcomes"], again["status"]) == (fresh["outcomes"], fresh["status"])
 
 
 def _run_evaluator_scripted(tmp_path, monkeypatch, script) -> tuple[list[tuple], list[bool]]:
