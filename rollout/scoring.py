@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import time
 from collections.abc import Callable
 
@@ -110,8 +111,18 @@ def evaluate(
     envs = [environments.make(env_name, **dict(env_config or {})) for _ in tasks]
     try:
         outcomes = asyncio.run(_episodes(engine, envs, tasks, limits, superseded))
+    except Superseded:
+        outcomes = None
     finally:
         holder.clear()
+    if outcomes is None:
+        # The cancelled episodes, their engine and the exception's frames form cycles that
+        # held this version's params until a full gc pass: with the next version loaded,
+        # two copies (0.5 GB more at SmolLM2's size, run 17). Freed here, and the exception
+        # raised afresh, from a frame that no longer holds them.
+        del params, engine, envs
+        gc.collect()
+        raise Superseded
     success = envs[0].success if envs else None  # the environment's own criterion, not a shaped reward
     row = {**summarize(outcomes, success), "eval_s": round(time.monotonic() - t0, 2)}
     if examples:
