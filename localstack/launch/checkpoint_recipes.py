@@ -40,8 +40,8 @@ has the runs and the commands):
   learner starved: decay shrinks the late steps, it does not prevent an early collapse.
   At 5e-5 the first RL step took the entropy from 0.22-0.30 to 0.03-0.04 (runs 9, 13,
   14): a policy that near-deterministic goes a long way on one bad batch. So the rate is
-  2e-5: entropy 0.22 -> 0.08 after the first step; 0.344 -> 0.930 at v10 (run 15) and
-  0.906 (run 16, 0.965 at v9), neither with a collapse.
+  2e-5: entropy 0.22 -> 0.08 after the first step; 0.344 -> 0.930 at v10 (run 15), 0.906
+  (run 16, 0.965 at v9) and 0.953 (run 17), none with a collapse.
   A KL to v0 was tried and left out (`--learner.kl_coef=0.1`, runs 13-14): estimated
   unweighted on the sampler's tokens it charged 12-49 nats a token and set the steps
   (run 13: 0.863 at v2, 0.613 at v8, 0.719 at v10); weighted by pi/mu
