@@ -66,10 +66,6 @@ def run_one(cfg: LearnerProcessesBenchConfig, n: int) -> dict:
     }
 
 
-def _ratio(x, base) -> str:
-    return f"{x / base:.2f}x" if x and base else "-"
-
-
 def main(argv=None) -> int:
     cfg = config.parse(LearnerProcessesBenchConfig, sys.argv[1:] if argv is None else argv, description=__doc__)
     stop_children_on_exit()

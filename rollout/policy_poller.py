@@ -44,7 +44,6 @@ class PolicyHandle:
         self.reloads = 0
         self.failed_loads = 0
         self.checksum_failures = 0  # of failed_loads: files that differ from their manifest (corruption)
-        self._stop = threading.Event()
 
     @property
     def params(self) -> nnx.State | None:
@@ -55,14 +54,12 @@ class PolicyHandle:
         return self.current[1] if self.current else None
 
     def start_polling(self) -> None:
-        def poll():
-            while not self._stop.wait(self.poll_interval_s):
+        def poll():  # a daemon: it lives as long as the worker process
+            while True:
+                time.sleep(self.poll_interval_s)
                 self.maybe_reload(force=True)
 
         threading.Thread(target=poll, name="policy-poller", daemon=True).start()
-
-    def stop_polling(self) -> None:
-        self._stop.set()
 
     def wait_for_first(self, timeout_s: float, sleep_s: float = 0.2) -> None:
         deadline = time.monotonic() + timeout_s
