@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -20,13 +21,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from core.telemetry.scalars import read_rows
+from localstack.reports.heldout import curve
+
 
 def read_run(workdir: str) -> dict[str, list[list[float]]]:
-    curves: dict[str, list[list[float]]] = {"sampled": [], "greedy": []}
-    for line in (Path(workdir) / "eval.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        curves[row["mode"]].append([row["version"], row["success"]])
-    return curves
+    rows = read_rows(Path(workdir) / "eval.jsonl")
+    return {mode: [[p["version"], p["success"]] for p in curve(rows, mode)] for mode in ("sampled", "greedy")}
 
 
 def parse_points(text: str) -> tuple[str, dict[str, list[list[float]]]]:

@@ -189,29 +189,37 @@ def test_an_evaluation_given_up_part_way_cancels_every_episode(monkeypatch):
     assert sorted(started) == sorted(cancelled) == [1, 2, 3] and len(asked) == 3
 
 
-def test_a_sampler_whose_evaluation_was_given_up_scores_the_next_one_as_a_fresh_one():
-    """The real engine on the tiny model, given up a second in: 256 episodes on 8 slots take
-    about 5 s here, so some have ended and some are mid-turn."""
+def _tiny_evaluation(seed: int):
+    """The real engine on the tiny model: 256 calculator episodes on 8 slots take about 5 s
+    here, so one given up a second in has some episodes ended and some mid-turn. Returns
+    (params, a new sampler, evaluate's other arguments, a superseded() true at its 2nd ask)."""
     import environments
     from core.policy.sampling import Sampler
-    from rollout import scoring
     from rollout.episodes import EpisodeLimits
 
     cfg, env_config = ModelConfig(), {"tool_latency": "none"}
     tasks = environments.make_tasks("calculator", 0, 256, "test", env_config)
     limits = EpisodeLimits(max_new_tokens_per_turn=8, max_tokens=128, episode_timeout_s=120)
-    params = split_params(init_model(cfg, 0))[1]
-    fresh = scoring.evaluate(params, Sampler(cfg, 8, 128, 16), "calculator", tasks, limits, env_config)
-    sampler = Sampler(cfg, 8, 128, 16)
     asked = []
 
     def at_the_second_ask() -> bool:  # asked at the start, then a second later
         asked.append(1)
         return len(asked) > 1
 
+    at_the_second_ask.asked = asked
+    params = split_params(init_model(cfg, seed))[1]
+    return params, lambda: Sampler(cfg, 8, 128, 16), ("calculator", tasks, limits, env_config), at_the_second_ask
+
+
+def test_a_sampler_whose_evaluation_was_given_up_scores_the_next_one_as_a_fresh_one():
+    from rollout import scoring
+
+    params, new_sampler, args, at_the_second_ask = _tiny_evaluation(seed=0)
+    fresh = scoring.evaluate(params, new_sampler(), *args)
+    sampler = new_sampler()
     with pytest.raises(scoring.Superseded):
-        scoring.evaluate(params, sampler, "calculator", tasks, limits, env_config, superseded=at_the_second_ask)
-    again = scoring.evaluate(params, sampler, "calculator", tasks, limits, env_config)
+        scoring.evaluate(params, sampler, *args, superseded=at_the_second_ask)
+    again = scoring.evaluate(params, sampler, *args)
     assert again["n"] == 256 and (again["outcomes"], again["status"]) == (fresh["outcomes"], fresh["status"])
 
 
@@ -219,27 +227,14 @@ def test_a_version_given_up_is_freed_as_soon_as_its_caller_drops_it():
     """The cancelled episodes leave reference cycles (engine, tasks, the exception's frames)
     that held the given-up version's params until a full gc pass: at SmolLM2's size the
     evaluator then held two versions, 0.5 GB more (run 17's final scoring)."""
-    import environments
-    from core.policy.sampling import Sampler
     from rollout import scoring
-    from rollout.episodes import EpisodeLimits
 
-    cfg, env_config = ModelConfig(), {"tool_latency": "none"}
-    tasks = environments.make_tasks("calculator", 0, 64, "test", env_config)
-    limits = EpisodeLimits(max_new_tokens_per_turn=8, max_tokens=128, episode_timeout_s=120)
-    params = split_params(init_model(cfg, 1))[1]
+    params, new_sampler, args, at_the_second_ask = _tiny_evaluation(seed=1)
     refs = [weakref.ref(leaf) for leaf in jax.tree.leaves(params)]
-    asked = []
-
-    def at_the_second_ask() -> bool:
-        asked.append(1)
-        return len(asked) > 1
-
     with pytest.raises(scoring.Superseded):
-        sampler = Sampler(cfg, 8, 128, 16)
-        scoring.evaluate(params, sampler, "calculator", tasks, limits, env_config, superseded=at_the_second_ask)
+        scoring.evaluate(params, new_sampler(), *args, superseded=at_the_second_ask)
     del params
-    assert len(asked) == 2 and [r for r in refs if r() is not None] == []
+    assert len(at_the_second_ask.asked) == 2 and [r for r in refs if r() is not None] == []
 
 
 def _run_evaluator_scripted(tmp_path, monkeypatch, script) -> tuple[list[tuple], list[bool]]:
