@@ -4,7 +4,9 @@
 use against free but kept: fragmentation looks like growth in RSS alone), Python's objects,
 JAX's live arrays and, with tracemalloc on, Python's traced allocations. With
 `AGENTIC_RL_TRACEMALLOC=FRAMES` in the environment, `write_growth(path)` writes the
-allocation sites that grew most since the first sample (benchmarks/soak.py turns it on).
+allocation sites that grew most since the first sample, and the gc-tracked object types whose
+counts grew most (a growth in objects with flat bytes names its type here, not in the sites);
+benchmarks/soak.py turns it on.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import os
 import sys
 import threading
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 from core import heap
 
 MB = 1 << 20
 _FIRST: list[tracemalloc.Snapshot] = []
+_FIRST_TYPES: list[Counter] = []
 
 
 class _MallInfo2(ctypes.Structure):
@@ -69,17 +73,26 @@ def sample(extra: dict | None = None) -> dict:
     return row
 
 
+def _type_counts() -> Counter:
+    return Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+
+
 def write_growth(path: str | Path, top: int = 15) -> None:
-    """With tracemalloc on: the `top` allocation sites grown most since the first call."""
+    """With tracemalloc on: the `top` allocation sites and object types grown most since the first call."""
     if not tracemalloc.is_tracing():
         return
     snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
     if not _FIRST:
         _FIRST.append(snap)
+        _FIRST_TYPES[:] = [_type_counts()]
         return
     stats = snap.compare_to(_FIRST[0], "traceback")[:top]
     lines = [
         f"{s.size_diff / MB:+.2f} MB in {s.count_diff:+d} blocks\n  " + "\n  ".join(s.traceback.format()) for s in stats
     ]
+    grown = _type_counts()
+    grown.subtract(_FIRST_TYPES[0] if _FIRST_TYPES else Counter())
+    lines.append("\ngc-tracked objects by type, grown most since the first sample:")
+    lines += [f"{n:+d} {name}" for name, n in grown.most_common(top) if n > 0]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n")

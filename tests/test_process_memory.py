@@ -30,13 +30,19 @@ def test_the_gauges_see_jax_arrays_and_python_objects_grow():
     del kept, objects
 
 
+class _Grown:
+    """A type the report must name among the objects that grew."""
+
+
 def _grow(store: list) -> None:
     store.append(bytearray(3 << 20))  # the line the report must name
+    store.extend([_Grown()] for _ in range(5_000))
 
 
 def test_the_growth_report_names_the_line_that_grew(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTIC_RL_TRACEMALLOC", "3")
     monkeypatch.setattr(process_memory, "_FIRST", [])
+    monkeypatch.setattr(process_memory, "_FIRST_TYPES", [])
     was_tracing = tracemalloc.is_tracing()
     try:
         assert process_memory.start_tracing()
@@ -50,6 +56,9 @@ def test_the_growth_report_names_the_line_that_grew(tmp_path, monkeypatch):
         top = report.split(" MB in")[1].split(" MB in")[0]  # the biggest site's traceback
         assert report.startswith("+3.00 MB"), report[:500]
         assert "store.append(bytearray(3 << 20))" in top, report[:500]
+        types = report.split("grown most since the first sample:")[1].splitlines()
+        grown = {line.split()[1]: int(line.split()[0]) for line in types if line.strip()}
+        assert grown.get(f"{__name__}._Grown", 0) >= 5_000 and grown.get("builtins.list", 0) >= 5_000, types
     finally:
         if not was_tracing:
             tracemalloc.stop()
