@@ -35,6 +35,7 @@ def test_a_two_process_learner_runs_the_main_job_and_balances(tmp_path):
         plan="off",
         live="off",
         trace=False,
+        report=False,  # the async e2e test draws it
     )
     summary = run_local(args)
     learned = summary.learner

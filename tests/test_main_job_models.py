@@ -42,6 +42,7 @@ def _run(tmp_path: Path, family: str, **flags):
         eval_n=8,
         keep_zero_signal=True,  # a tiny random checkpoint: most groups score all zero
         plan="off",
+        report=False,  # the async e2e test draws it
         **flags,
     )
     s = run_local(with_model_layout(args))

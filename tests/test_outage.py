@@ -62,7 +62,8 @@ def test_the_main_job_survives_a_pubsub_outage(tmp_path):
             plan="off",
             trace=False,
             live="off",
-            **{"learner.request_timeout_s": 30},
+            report=False,  # the async e2e test draws it
+            **{"learner.request_timeout_s": 20},
             **{"learner.ack_deadline_s": 20},
             **{"learner.ack_extend_every_s": 5},
         )

@@ -45,17 +45,18 @@ def _last_step(logdir) -> int:
     return rows[-1]["step"] if rows else 0
 
 
-def _drain(subscription: str) -> set[str]:
-    """Record ids left on `subscription`, pulled until it stays empty for 15 s (longer than the
-    ack deadline: a message pulled by the killed learner comes back once it lapses)."""
+def _drain(subscription: str, not_before: float = 0.0) -> set[str]:
+    """Record ids left on `subscription`, pulled until it has stayed empty for 3 s and the
+    clock has passed `not_before` (when a message pulled by the killed learner is back: its
+    ack deadline lapsed)."""
     consumer = RecordConsumer(subscription, {(2, 256)})
-    ids, quiet_until = set(), time.monotonic() + 15
+    ids, quiet_until = set(), max(time.monotonic() + 3, not_before)
     while time.monotonic() < quiet_until:
         got = consumer.poll(max_messages=100, timeout_s=1.0)
         consumer.settle(got)  # no checkpointer: acked on the next poll
         if got:
             ids |= {r.record_id for r in got}
-            quiet_until = time.monotonic() + 15
+            quiet_until = max(time.monotonic() + 3, not_before)
     consumer.close()
     return ids
 
@@ -92,6 +93,7 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
             pytest.fail(f"no checkpoint at step >= 4:\n{first.log_tail()}")
         os.killpg(first.pid, signal.SIGKILL)  # no goodbye: a crash
         first.proc.wait(timeout=30)
+        back_by = time.monotonic() + 10 + 2  # what it held is redelivered once its 10 s deadline lapses
         time.sleep(1.0)  # let a save that was in flight either land or not
         reader = LearnerCheckpointer(ckpt, read_only=True)
         step = reader.latest_step()
@@ -107,8 +109,8 @@ def test_killed_learner_resumes_without_training_a_record_twice(pubsub_emulator,
             time.sleep(0.5)
         assert second.poll() == 0, second.log_tail()
     # The pipeline is stopped: what is left on the learner's subscription is what nobody trained.
-    left_over = _drain(subs["records"])
-    published = _drain(tap)
+    left_over = _drain(subs["records"], not_before=back_by)
+    published = _drain(tap)  # nobody pulled these before: all there at once
 
     s = RunSummary.from_json(summary.read_text())
     assert s.resumed_from_step == step and s.steps == step + 4

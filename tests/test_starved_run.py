@@ -33,7 +33,7 @@ def test_a_run_whose_every_group_is_dropped_stops_early_naming_the_cause(tmp_pat
         plan="off",
         live="off",
         trace=False,
-        **{"learner.starved_warn_s": 5.0, "learner.starved_stop_s": 25.0, "learner.starved_min_dropped": 8},
+        **{"learner.starved_warn_s": 5.0, "learner.starved_stop_s": 10.0, "learner.starved_min_dropped": 8},
     )
     started = time.monotonic()
     with pytest.raises(DemoFailed) as failed:

@@ -178,6 +178,8 @@ def run_local(cfg: DemoConfig) -> DemoSummary:
         if cfg.trace and (workdir / "trace").is_dir():  # also after a failure: the timeline shows why
             trace.merge(workdir / "trace", workdir / "trace.json")
     (workdir / "run_summary.json").write_text(summary.to_json())  # what the report reads
+    if not cfg.report:
+        return summary
     try:  # the run's results stand without it: a broken report must not fail the run
         from localstack.reports import report
 

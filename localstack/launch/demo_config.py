@@ -99,6 +99,7 @@ class DemoConfig:
     rollout_cpus: str | None = knob(None, "pin the emulator, rollout job and evaluator, e.g. 1")
     trace: bool = knob(True, "record every process's spans and merge them into WORKDIR/trace.json (Perfetto)")
     live: str = knob("auto", "progress while it runs", choices=("auto", "panel", "lines", "off"))
+    report: bool = knob(True, "draw the run's figures into WORKDIR/report at the end (a few seconds of matplotlib)")
     # One value each for every process that reads it (its --env also picks the recipe, and
     # with --model the layout follows from the checkpoint unless layout flags are given).
     env: EnvChoice = section(main_job_env, help="the environment", shared=True)
