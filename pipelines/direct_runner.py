@@ -1,5 +1,5 @@
-"""Speed-ups for the local runner that have no supported route: undoable patches of Beam
-internals, applied only to the Beam versions they were written for.
+"""Speed-ups and one leak fix for the local runner that have no supported route: undoable
+patches of Beam internals, applied only to the Beam versions they were written for.
 
 The BundleBasedDirectRunner builds every DoFn afresh for each bundle and, for each
 bundle of a stateful DoFn (one bundle per key), calls `userstate.get_dofn_specs` several
@@ -17,6 +17,13 @@ executor thread in the rollout job's profile (benchmarks/beam_tax.py). The patch
 each DoFn once per executor thread and reuses that copy for the thread's later bundles, as
 a Dataflow worker reuses its deserialised DoFn; setup/teardown still run per bundle, and a
 DoFn that does not pickle still fails at its first bundle.
+
+The leak (apache/beam#18642, open upstream): every pull of `ReadFromPubSub` that returns
+messages hands the runner an empty "unprocessed" bundle to read again, which the watermark
+manager adds to the read step's pending set; a bundle leaves that set only when a bundle
+with elements completes, so these never do. The set grew by one bundle per request pulled,
+for the job's life, and every watermark refresh walks all of it. An empty bundle holds no
+watermark back (refresh reads only elements), so the patch leaves empty bundles out.
 
 Applied only under the direct runners (Dataflow builds each DoFn once per worker).
 `apply()` / `undo()` or `with patched():`; on a Beam version not in KNOWN_BEAM_VERSIONS
@@ -75,8 +82,15 @@ class _Patch:
 
 
 def _replacements(reuse_dofns: bool) -> list[tuple[object, str, object]]:
-    from apache_beam.runners.direct import transform_evaluator
+    from apache_beam.runners.direct import transform_evaluator, watermark_manager
     from apache_beam.transforms import core, userstate
+
+    watermarks = watermark_manager._TransformWatermarks
+    original_add_pending = watermarks.add_pending
+
+    def add_pending(self, pending):
+        if pending.has_elements():  # an empty one would never be removed (module docstring)
+            original_add_pending(self, pending)
 
     original_specs, specs_cache = userstate.get_dofn_specs, {}
 
@@ -105,6 +119,7 @@ def _replacements(reuse_dofns: bool) -> list[tuple[object, str, object]]:
         (userstate, "get_dofn_specs", get_dofn_specs),  # is_stateful_dofn looks it up here at call time
         (transform_evaluator, "get_dofn_specs", get_dofn_specs),  # imported by name there
         (core, "get_function_arguments", get_function_arguments),  # MethodWrapper looks it up at call time
+        (watermarks, "add_pending", add_pending),
     ]
 
 
