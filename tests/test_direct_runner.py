@@ -1,11 +1,14 @@
 """The local runner's patches change nothing but the cost: the same answers, the same
 output on a real BundleBasedDirectRunner pipeline patched and not, undone on request,
-and refused on a Beam version they were not written for. The publisher DoFn
+and refused on a Beam version they were not written for; and a streaming read from Pub/Sub
+no longer piles up empty bundles (apache/beam#18642). The publisher DoFn
 (pipelines/pubsub_write.py) is a supported route: one client per process, messages with
 their attributes on the emulator."""
 
 import logging
 import threading
+import time
+from pathlib import Path
 
 import apache_beam as beam
 import pytest
@@ -70,7 +73,7 @@ def test_memoised_introspection_answers_as_beam_does():
 
 
 def test_undo_puts_beams_functions_back():
-    from apache_beam.runners.direct import transform_evaluator
+    from apache_beam.runners.direct import transform_evaluator, watermark_manager
 
     def current():
         return (
@@ -78,6 +81,7 @@ def test_undo_puts_beams_functions_back():
             userstate.get_dofn_specs,
             transform_evaluator.get_dofn_specs,
             transform_evaluator.pickler,
+            watermark_manager._TransformWatermarks.add_pending,
         )
 
     originals = current()
@@ -208,3 +212,51 @@ def test_write_steps_share_one_publisher_and_publish_with_attributes(pubsub_emul
 def test_a_topic_that_is_not_a_path_is_refused():
     with pytest.raises(ValueError, match="projects/P/topics/T"):
         pubsub_write.WriteRecordsToPubSub("records")
+
+
+def _touch(message: bytes, out: str) -> None:
+    (Path(out) / message.decode()).touch()  # the runner runs a copy of the step: a file is what comes back
+
+
+def _pending_after_reading(subscription: str, topic: str, out: Path, n: int) -> dict[str, int]:
+    """Runs ReadFromPubSub -> Map on the streaming local runner, publishes `n` messages one
+    at a time, and once all are read answers each step's pending-bundle count."""
+    out.mkdir()
+    p = beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"]))
+    _ = p | beam.io.ReadFromPubSub(subscription=subscription) | beam.Map(_touch, str(out))
+    result = p.run()
+    pub = pubsub_io.publisher_client()
+    try:
+        for i in range(n):  # 0.1 s apart: most pulls return one message
+            pubsub_io.publish(pub, topic, f"m{i}".encode()).result(timeout=30)
+            time.sleep(0.1)
+        deadline = time.monotonic() + 60
+        while len(list(out.iterdir())) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watermarks = result._evaluation_context._watermark_manager._transform_to_watermarks
+        return {step.full_label: len(tw._pending) for step, tw in watermarks.items()}
+    finally:
+        stopping = threading.Thread(target=result.cancel, daemon=True)  # joins the runner's threads
+        stopping.start()
+        while stopping.is_alive():  # its reader sits in a pull of up to 30 s: a message ends it
+            pubsub_io.publish(pub, topic, b"stop").result(timeout=30)
+            stopping.join(timeout=0.5)
+
+
+def test_the_pubsub_reads_empty_bundles_do_not_pile_up(pubsub_emulator, unique_name, tmp_path):
+    """apache/beam#18642: each pull that returns messages leaves an empty bundle in the
+    read step's pending set, never removed; patched, none is kept and every message still
+    reaches the next step."""
+    topic = pubsub_emulator.create_topic(unique_name("reads"))
+    sent = {f"m{i}" for i in range(12)}
+
+    def subscription():
+        return pubsub_emulator.create_subscription(unique_name("reads-sub"), topic.rsplit("/", 1)[1])
+
+    plain = _pending_after_reading(subscription(), topic, tmp_path / "plain", len(sent))
+    assert plain["ReadFromPubSub"] >= 6, plain  # the leak: one a pull that returned messages
+    with direct_runner.patched():
+        patched = _pending_after_reading(subscription(), topic, tmp_path / "patched", len(sent))
+    assert patched["ReadFromPubSub"] == 0, patched
+    for run in ("plain", "patched"):
+        assert {f.name for f in (tmp_path / run).iterdir()} >= sent, run
