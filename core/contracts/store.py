@@ -35,8 +35,10 @@ from google.api_core.exceptions import BadRequest, Forbidden, GoogleAPIError, No
 from google.auth.exceptions import GoogleAuthError
 
 from core.contracts import manifest as mf
+from core.contracts import orbax_fixes
 from core.contracts.store_files import LocalFiles, files_for
 
+orbax_fixes.apply()  # every save and load of a version went through a leak
 LATEST = "LATEST"
 METADATA = "metadata.json"
 # Finished dirs are "00000012"; Orbax's in-flight ones are "00000012.orbax-checkpoint-tmp-<ts>".

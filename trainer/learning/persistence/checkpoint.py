@@ -34,9 +34,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from core.contracts import manifest as mf
+from core.contracts import orbax_fixes
 from core.contracts.store_files import disable_gcsfs_listing_cache, files_for
 from trainer.cloud.distributed import is_primary
 
+orbax_fixes.apply()  # every checkpoint save and restore went through a leak
 log = logging.getLogger(__name__)
 
 disable_gcsfs_listing_cache()  # restore_latest lists steps through epath -> gcsfs on gs://
