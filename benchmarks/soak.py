@@ -65,6 +65,9 @@ class SoakConfig:
         "WORKDIR/logs/<process>/tracemalloc.txt, the sites grown most since their first sample (0: off)",
         ge=0,
     )
+    gc_types: bool = knob(
+        False, "the rollout workers and the evaluator count their objects by type into that file (no tracing cost)"
+    )
     demo_flags: tuple[str, ...] = derived((), "the flags after `--`, for the demo")
 
 
@@ -296,6 +299,7 @@ def run(args) -> int:
     try:
         with open(out / "demo.log", "wb") as log:
             env = {**os.environ, **({"AGENTIC_RL_TRACEMALLOC": str(args.tracemalloc)} if args.tracemalloc else {})}
+            env.update({"AGENTIC_RL_GC_TYPES": "1"} if args.gc_types else {})
             demo = subprocess.Popen(
                 cmd,
                 cwd=ROOT,

@@ -5,7 +5,8 @@ use against free but kept: fragmentation looks like growth in RSS alone), Python
 JAX's live arrays and, with tracemalloc on, Python's traced allocations. With
 `AGENTIC_RL_TRACEMALLOC=FRAMES` in the environment, `write_growth(path)` writes the
 allocation sites that grew most since the first sample, and the gc-tracked object types whose
-counts grew most (a growth in objects with flat bytes names its type here, not in the sites);
+counts grew most (a growth in objects with flat bytes names its type here, not in the
+sites; `AGENTIC_RL_GC_TYPES=1` alone writes the types only, at no tracing cost);
 benchmarks/soak.py turns it on.
 """
 
@@ -78,20 +79,28 @@ def _type_counts() -> Counter:
 
 
 def write_growth(path: str | Path, top: int = 15) -> None:
-    """With tracemalloc on: the `top` allocation sites and object types grown most since the first call."""
-    if not tracemalloc.is_tracing():
+    """The `top` allocation sites (with tracemalloc on) and gc-tracked object types (also with
+    AGENTIC_RL_GC_TYPES=1, which costs no tracing) grown most since the first call."""
+    tracing = tracemalloc.is_tracing()
+    if not (tracing or os.environ.get("AGENTIC_RL_GC_TYPES") == "1"):
         return
-    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
-    if not _FIRST:
-        _FIRST.append(snap)
+    snap = (
+        tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        if tracing
+        else None
+    )
+    if not _FIRST_TYPES:
+        _FIRST[:] = [snap] if snap is not None else []
         _FIRST_TYPES[:] = [_type_counts()]
         return
-    stats = snap.compare_to(_FIRST[0], "traceback")[:top]
-    lines = [
-        f"{s.size_diff / MB:+.2f} MB in {s.count_diff:+d} blocks\n  " + "\n  ".join(s.traceback.format()) for s in stats
-    ]
+    lines = []
+    if snap is not None and _FIRST:
+        lines = [
+            f"{s.size_diff / MB:+.2f} MB in {s.count_diff:+d} blocks\n  " + "\n  ".join(s.traceback.format())
+            for s in snap.compare_to(_FIRST[0], "traceback")[:top]
+        ]
     grown = _type_counts()
-    grown.subtract(_FIRST_TYPES[0] if _FIRST_TYPES else Counter())
+    grown.subtract(_FIRST_TYPES[0])
     lines.append("\ngc-tracked objects by type, grown most since the first sample:")
     lines += [f"{n:+d} {name}" for name, n in grown.most_common(top) if n > 0]
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -91,3 +91,18 @@ def test_an_evaluation_leaves_no_reference_to_its_params_behind():
     finally:
         gc.enable()
     assert counts[0] == counts[1] == counts[2], counts
+
+
+def test_the_types_alone_are_reported_without_tracing(tmp_path, monkeypatch):
+    if tracemalloc.is_tracing():
+        return  # another test left tracing on: this one is about the untraced path
+    monkeypatch.setenv("AGENTIC_RL_GC_TYPES", "1")
+    monkeypatch.setattr(process_memory, "_FIRST", [])
+    monkeypatch.setattr(process_memory, "_FIRST_TYPES", [])
+    process_memory.write_growth(tmp_path / "growth.txt")  # the baseline
+    store = [[_Grown()] for _ in range(3_000)]
+    process_memory.write_growth(tmp_path / "growth.txt")
+    report = (tmp_path / "growth.txt").read_text()
+    assert " MB in " not in report and not tracemalloc.is_tracing()
+    assert f"{__name__}._Grown" in report.split("first sample:")[1], report
+    del store
