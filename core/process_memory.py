@@ -75,7 +75,11 @@ def sample(extra: dict | None = None) -> dict:
 
 
 def _type_counts() -> Counter:
-    return Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+    gc.collect()  # live objects only: uncollected cycles would read as growth until the next full pass
+    named: Counter = Counter()
+    for t, n in Counter(map(type, gc.get_objects())).items():  # a name per type, not per object
+        named[f"{t.__module__}.{t.__qualname__}"] += n
+    return named
 
 
 def write_growth(path: str | Path, top: int = 15) -> None:

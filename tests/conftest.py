@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from localstack.emulators.pubsub import EmulatorUnavailable, PubSubEmulator
 from localstack.launch import processes
@@ -31,6 +32,11 @@ _PACKAGES = sorted(p.parent.name for p in REPO.glob("*/__init__.py")) + ["benchm
 _OURS = re.compile(rf"(?:^|[^\w.])(?:{'|'.join(_PACKAGES)})(?:\.\w|\s+import\b|\s*$|['\"])", re.MULTILINE)
 _E2E_STARTED = pytest.StashKey[list]()  # what a test not marked e2e started
 _REPORTED = pytest.StashKey[bool]()
+
+# Property tests check properties, not speed: hypothesis's 200 ms deadline per example failed
+# them on a loaded machine (a 16 ms example took 311 ms beside a soak). Speed is benchmarks'.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def pytest_configure(config):

@@ -36,7 +36,10 @@ def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):
     from trainer.task import parse_config as learner_config
 
     base = ["--requests_topic=t", "--records_subscription=s", "--policy_root=/x"]
-    learner = learner_config([*base, *r["learner_flags"]])
+    # With the run-wide settings the plan was made for, as the demo gives them: a learner with
+    # its default 4 records a step needs a bigger window than a plan for 2 provides.
+    run_wide = [f"--batch_records={cfg.batch_records}", f"--group_size={cfg.group_size}"]
+    learner = learner_config([*base, *run_wide, *r["learner_flags"]])
     assert learner.credits.max_in_flight == r["plan"]["max_in_flight"]
     assert learner.staleness.max_staleness == r["plan"]["max_staleness"]
     opts = RolloutOptions(r["pipeline_flags"])
