@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import reprlib
 import sys
 import threading
 import tracemalloc
@@ -26,6 +27,7 @@ from core import heap
 MB = 1 << 20
 _FIRST: list[tracemalloc.Snapshot] = []
 _FIRST_TYPES: list[Counter] = []
+_FIRST_IDS: set[int] = set()  # the lists and dicts alive at the first sample
 
 
 class _MallInfo2(ctypes.Structure):
@@ -82,6 +84,18 @@ def _type_counts() -> Counter:
     return named
 
 
+def _new_containers(n: int) -> list[str]:
+    new = [o for o in gc.get_objects() if type(o) in (list, dict) and id(o) not in _FIRST_IDS]
+    newest = new[-n:]  # the leak's, if one grows
+    short = reprlib.Repr()
+    short.maxother, short.maxstring = 80, 60
+    out = []
+    for o in newest:
+        held = [type(r).__qualname__ for r in gc.get_referrers(o) if r is not new and r is not newest]
+        out.append(f"{short.repr(o)}  <- {held[:4]}")
+    return out
+
+
 def write_growth(path: str | Path, top: int = 15) -> None:
     """The `top` allocation sites (with tracemalloc on) and gc-tracked object types (also with
     AGENTIC_RL_GC_TYPES=1, which costs no tracing) grown most since the first call."""
@@ -96,6 +110,8 @@ def write_growth(path: str | Path, top: int = 15) -> None:
     if not _FIRST_TYPES:
         _FIRST[:] = [snap] if snap is not None else []
         _FIRST_TYPES[:] = [_type_counts()]
+        _FIRST_IDS.clear()
+        _FIRST_IDS.update(id(o) for o in gc.get_objects() if type(o) in (list, dict))
         return
     lines = []
     if snap is not None and _FIRST:
@@ -107,5 +123,6 @@ def write_growth(path: str | Path, top: int = 15) -> None:
     grown.subtract(_FIRST_TYPES[0])
     lines.append("\ngc-tracked objects by type, grown most since the first sample:")
     lines += [f"{n:+d} {name}" for name, n in grown.most_common(top) if n > 0]
+    lines += ["", "lists and dicts made since then, a few, with what holds them:", *_new_containers(5)]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n")

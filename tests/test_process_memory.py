@@ -56,7 +56,7 @@ def test_the_growth_report_names_the_line_that_grew(tmp_path, monkeypatch):
         top = report.split(" MB in")[1].split(" MB in")[0]  # the biggest site's traceback
         assert report.startswith("+3.00 MB"), report[:500]
         assert "store.append(bytearray(3 << 20))" in top, report[:500]
-        types = report.split("grown most since the first sample:")[1].splitlines()
+        types = report.split("grown most since the first sample:")[1].split("\n\n")[0].splitlines()
         grown = {line.split()[1]: int(line.split()[0]) for line in types if line.strip()}
         assert grown.get(f"{__name__}._Grown", 0) >= 5_000 and grown.get("builtins.list", 0) >= 5_000, types
     finally:
@@ -105,4 +105,6 @@ def test_the_types_alone_are_reported_without_tracing(tmp_path, monkeypatch):
     report = (tmp_path / "growth.txt").read_text()
     assert " MB in " not in report and not tracemalloc.is_tracing()
     assert f"{__name__}._Grown" in report.split("first sample:")[1], report
+    examples = report.split("with what holds them:")[1]  # the newest lists: ours, held by the store
+    assert "_Grown object" in examples and "<- ['list']" in examples, examples
     del store
