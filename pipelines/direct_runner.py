@@ -18,7 +18,8 @@ each DoFn once per executor thread and reuses that copy for the thread's later b
 a Dataflow worker reuses its deserialised DoFn; setup/teardown still run per bundle, and a
 DoFn that does not pickle still fails at its first bundle.
 
-The leak (apache/beam#18642, open upstream): every pull of `ReadFromPubSub` that returns
+The leak (it fits apache/beam#18642, an open report of the local runner growing while it
+reads Pub/Sub): every pull of `ReadFromPubSub` that returns
 messages hands the runner an empty "unprocessed" bundle to read again, which the watermark
 manager adds to the read step's pending set; a bundle leaves that set only when a bundle
 with elements completes, so these never do. The set grew by one bundle per request pulled,

@@ -244,9 +244,9 @@ def _pending_after_reading(subscription: str, topic: str, out: Path, n: int) -> 
 
 
 def test_the_pubsub_reads_empty_bundles_do_not_pile_up(pubsub_emulator, unique_name, tmp_path):
-    """apache/beam#18642: each pull that returns messages leaves an empty bundle in the
-    read step's pending set, never removed; patched, none is kept and every message still
-    reaches the next step."""
+    """The local runner's growth while it reads Pub/Sub (as in apache/beam#18642): each pull
+    that returns messages leaves an empty bundle in the read step's pending set, never
+    removed; patched, none is kept and every message still reaches the next step."""
     topic = pubsub_emulator.create_topic(unique_name("reads"))
     sent = {f"m{i}" for i in range(12)}
 
