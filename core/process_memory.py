@@ -102,11 +102,8 @@ def write_growth(path: str | Path, top: int = 15) -> None:
     tracing = tracemalloc.is_tracing()
     if not (tracing or os.environ.get("AGENTIC_RL_GC_TYPES") == "1"):
         return
-    snap = (
-        tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
-        if tracing
-        else None
-    )
+    own = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, __file__)]
+    snap = tracemalloc.take_snapshot().filter_traces(own) if tracing else None  # not this report's bookkeeping
     if not _FIRST_TYPES:
         _FIRST[:] = [snap] if snap is not None else []
         _FIRST_TYPES[:] = [_type_counts()]
