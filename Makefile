@@ -38,9 +38,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 # Everything but the slow tier: the unit tier on two pytest workers, then the e2e tier on
-# one (its tests start processes that use both cores themselves). Both run whatever the
-# first finds; exit status 5 is "no test selected" (ARGS chose one tier only).
+# two as well (its tests start processes, but average about one core each; the few that
+# bound a time share one worker, tests/conftest.py). Both run whatever the first finds;
+# exit status 5 is "no test selected" (ARGS chose one tier only).
 UNIT := -m 'not e2e and not slow' -n 2
+E2E := -m 'e2e and not slow' -n 2 --dist loadgroup
 # XLA compiles bind the tiers: a persistent compilation cache lets a test's processes (both
 # workers, the e2e tier's learners) reuse what another compiled, and the next run reuse it
 # all (compiles of 0.1 s and up). Keyed by JAX, XLA and the program, so a stale entry is
@@ -51,7 +53,7 @@ test test-fast test-slow: export JAX_COMPILATION_CACHE_MAX_SIZE = 2000000000
 test test-fast test-slow: export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS = 0.1
 test: $(STAMP) system-deps lint
 	$(PY) -m pytest -q $(UNIT) $(ARGS) tests; u=$$?; \
-	$(PY) -m pytest -q -m 'e2e and not slow' $(ARGS) tests; e=$$?; \
+	$(PY) -m pytest -q $(E2E) $(ARGS) tests; e=$$?; \
 	[ $$u -eq 5 ] && u=0; [ $$e -eq 5 ] && e=0; exit $$(( u || e ))
 
 # The unit tier: no entry point or emulator in another process (e2e), nothing slow.

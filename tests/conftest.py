@@ -45,11 +45,20 @@ def pytest_configure(config):
     processes.start_watchdog()
 
 
+# The e2e tier runs on two workers (`-n 2 --dist loadgroup`): its tests average about one
+# core each (2026-12-06: 645 s of CPU in 606 s of wall, one at a time). These bound a time
+# (an exit within seconds, a group gone within seconds): one worker takes all of them, one
+# after another, so no two of them ever run at once.
+ONE_AT_A_TIME = frozenset({"test_permanent_errors.py", "test_watchdog.py", "test_rollout_sigterm.py"})
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         # A slow test runs the main job: it is e2e too.
         if E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("e2e") and item.path.name in ONE_AT_A_TIME:
+            item.add_marker(pytest.mark.xdist_group("one-at-a-time"))
 
 
 def e2e_command(args, cwd=None) -> str | None:
