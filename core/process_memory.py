@@ -86,7 +86,7 @@ def _type_counts() -> Counter:
 
 def _new_containers(n: int) -> list[str]:
     new = [o for o in gc.get_objects() if type(o) in (list, dict) and id(o) not in _FIRST_IDS]
-    newest = new[-n:]  # the leak's, if one grows
+    newest = new[-n:]  # gc's order, not age: with thousands new, most are the leak's if one grows
     short = reprlib.Repr()
     short.maxother, short.maxstring = 80, 60
     out = []

@@ -105,6 +105,6 @@ def test_the_types_alone_are_reported_without_tracing(tmp_path, monkeypatch):
     report = (tmp_path / "growth.txt").read_text()
     assert " MB in " not in report and not tracemalloc.is_tracing()
     assert f"{__name__}._Grown" in report.split("first sample:")[1], report
-    examples = report.split("with what holds them:")[1]  # the newest lists: ours, held by the store
+    examples = report.split("with what holds them:")[1]  # most new lists are ours, held by the store
     assert "_Grown object" in examples and "<- ['list']" in examples, examples
     del store
