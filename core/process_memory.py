@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import itertools
 import os
 import reprlib
 import sys
@@ -85,15 +86,26 @@ def _type_counts() -> Counter:
 
 
 def _new_containers(n: int) -> list[str]:
+    """The lists and dicts made since the first sample, grouped by shape (a dict's keys, a
+    list's element types), most common first, each with the types that hold one of them."""
     new = [o for o in gc.get_objects() if type(o) in (list, dict) and id(o) not in _FIRST_IDS]
-    newest = new[-n:]  # gc's order, not age: with thousands new, most are the leak's if one grows
+    shapes: dict[str, list] = {}
+    for o in new:
+        shapes.setdefault(_shape(o), []).append(o)
     short = reprlib.Repr()
     short.maxother, short.maxstring = 80, 60
     out = []
-    for o in newest:
-        held = [type(r).__qualname__ for r in gc.get_referrers(o) if r is not new and r is not newest]
-        out.append(f"{short.repr(o)}  <- {held[:4]}")
+    for shape, group in sorted(shapes.items(), key=lambda kv: -len(kv[1]))[:n]:
+        one = group[len(group) // 2]
+        held = [type(r).__qualname__ for r in gc.get_referrers(one) if r is not new and r is not group]
+        out.append(f"{len(group)} x {shape}: {short.repr(one)}  <- {held[:4]}")
     return out
+
+
+def _shape(o) -> str:
+    if type(o) is dict:
+        return "dict " + ",".join(sorted(str(k)[:20] for k in itertools.islice(o, 8)))
+    return f"list[{len(o) if len(o) < 4 else '4+'}] of " + ",".join(sorted({type(x).__name__ for x in o[:8]}))
 
 
 def write_growth(path: str | Path, top: int = 15) -> None:
@@ -102,8 +114,7 @@ def write_growth(path: str | Path, top: int = 15) -> None:
     tracing = tracemalloc.is_tracing()
     if not (tracing or os.environ.get("AGENTIC_RL_GC_TYPES") == "1"):
         return
-    own = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, __file__)]
-    snap = tracemalloc.take_snapshot().filter_traces(own) if tracing else None  # not this report's bookkeeping
+    snap = tracemalloc.take_snapshot() if tracing else None
     if not _FIRST_TYPES:
         _FIRST[:] = [snap] if snap is not None else []
         _FIRST_TYPES[:] = [_type_counts()]
@@ -112,14 +123,18 @@ def write_growth(path: str | Path, top: int = 15) -> None:
         return
     lines = []
     if snap is not None and _FIRST:
+        # Not this report's own bookkeeping. Dropped after grouping, not by filter_traces: that
+        # matches every trace's frames in Python, 5 s of 8 in a process with torch loaded.
+        own = {tracemalloc.__file__, __file__}
+        diffs = [s for s in snap.compare_to(_FIRST[0], "traceback") if not own & {f.filename for f in s.traceback}]
         lines = [
             f"{s.size_diff / MB:+.2f} MB in {s.count_diff:+d} blocks\n  " + "\n  ".join(s.traceback.format())
-            for s in snap.compare_to(_FIRST[0], "traceback")[:top]
+            for s in diffs[:top]
         ]
     grown = _type_counts()
     grown.subtract(_FIRST_TYPES[0])
     lines.append("\ngc-tracked objects by type, grown most since the first sample:")
     lines += [f"{n:+d} {name}" for name, n in grown.most_common(top) if n > 0]
-    lines += ["", "lists and dicts made since then, a few, with what holds them:", *_new_containers(5)]
+    lines += ["", "lists and dicts made since then, by shape, with what holds one of each:", *_new_containers(8)]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n")

@@ -43,6 +43,21 @@ def pytest_configure(config):
     # A test run killed by a timeout (SIGKILL) must not leave its emulators and pipelines
     # behind: a watchdog process stops every group the session starts if the session dies.
     processes.start_watchdog()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # once, before any worker compiles
+        _drop_half_written_cache_entries(os.environ.get("JAX_COMPILATION_CACHE_DIR"))
+
+
+def _drop_half_written_cache_entries(cache_dir: str | None) -> None:
+    """JAX's size-capped compilation cache (the Makefile's) writes an entry, then its "-atime"
+    file, and before each write reads every entry's atime. A process killed between the two
+    (the e2e tier kills learners) leaves an entry without one, and from then on every write
+    fails (FileNotFoundError): the cache stops growing for good. Found 2026-12-06, two such
+    entries in this machine's cache. The entry may be cut off too: drop it."""
+    if not cache_dir or not Path(cache_dir).is_dir():
+        return
+    for entry in Path(cache_dir).glob("*-cache"):
+        if not entry.with_name(entry.name.removesuffix("-cache") + "-atime").exists():
+            entry.unlink(missing_ok=True)
 
 
 # The e2e tier runs on two workers (`-n 2 --dist loadgroup`): its tests average about one

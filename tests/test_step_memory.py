@@ -5,6 +5,7 @@ equal the whole batch's (every loss), and a step that cannot fit is refused befo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -45,14 +46,19 @@ def test_chunked_log_probs_and_entropy_equal_the_plain_log_softmax(rows, t, chun
     w = jnp.asarray(rng.normal(size=(d, vocab)) * 3, jnp.float32)
     hidden = jnp.asarray(rng.normal(size=(rows, t, d)), jnp.float32)
     tokens = jnp.asarray(rng.integers(0, vocab, (rows, t)), jnp.int32)
+    logp, ent, plain_logp, plain_ent = _chunked_and_plain(w, hidden, tokens, chunk, tied)
+    np.testing.assert_allclose(logp, plain_logp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ent[:, 1:], plain_ent, rtol=1e-4, atol=1e-4)  # a metric, not a gradient
+    assert np.all(np.asarray(logp[:, 0]) == 0) and np.all(np.asarray(ent[:, 0]) == 0)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))  # one compile per example, not one per op
+def _chunked_and_plain(w, hidden, tokens, chunk, tied):
     head = (lambda h: h @ w) if tied else (lambda h: (h @ w).astype(jnp.float32))
     logp, ent = token_logprobs_and_entropy(head, hidden, tokens, chunk)
     logits = head(hidden)
-    np.testing.assert_allclose(logp, token_logprobs(logits, tokens), rtol=1e-5, atol=1e-5)
     plain = jax.nn.log_softmax(logits[:, :-1], -1)
-    want = -jnp.sum(jnp.exp(plain) * plain, -1)
-    np.testing.assert_allclose(ent[:, 1:], want, rtol=1e-4, atol=1e-4)  # a metric, not a gradient
-    assert np.all(np.asarray(logp[:, 0]) == 0) and np.all(np.asarray(ent[:, 0]) == 0)
+    return logp, ent, token_logprobs(logits, tokens), -jnp.sum(jnp.exp(plain) * plain, -1)
 
 
 def test_chunked_log_prob_gradients_equal_the_plain_ones():

@@ -34,7 +34,7 @@ class VersionLoader:
         model's params State (shapes suffice); base: the base
         checkpoint's params, called once, on the first adapter version."""
         self.store, self.cfg, self._template = store, cfg, template
-        self._target = abstract_tree(nnx.to_pure_dict(template))
+        self._target = _placed(abstract_tree(nnx.to_pure_dict(template)))
         self._base_fn, self._base = base, None
 
     def load(self, version: int) -> tuple[nnx.State, dict]:
@@ -73,7 +73,17 @@ def _adapter_target(cfg: ModelConfig, lora_cfg: lora.LoraConfig) -> dict:
     """The adapter's shapes for this model (no arrays allocated)."""
     with nnx.use_eager_sharding(False):
         adapted = nnx.eval_shape(lambda: lora.add_lora(Transformer(cfg, nnx.Rngs(0)), lora_cfg))
-    return abstract_tree(nnx.to_pure_dict(nnx.state(adapted, nnx.LoRAParam)))
+    return _placed(abstract_tree(nnx.to_pure_dict(nnx.state(adapted, nnx.LoRAParam))))
+
+
+def _placed(target: dict) -> dict:
+    """Each shape given this process's device. Without a sharding Orbax opens every array's
+    stored metadata to choose one, and tensorstore (0.1.86) leaks what its `Spec.to_json`
+    returns there: a dozen lists and dicts per array per load, about 1 MB a minute in the
+    soak's rollout job and evaluator (docs/RELIABILITY.md)."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    placed = lambda x: x.update(sharding=device) if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None else x
+    return jax.tree.map(placed, target)
 
 
 def _difference(a: dict, b: dict) -> str:
