@@ -66,7 +66,9 @@ class SoakConfig:
         ge=0,
     )
     gc_types: bool = knob(
-        False, "the rollout workers and the evaluator count their objects by type into that file (no tracing cost)"
+        False,
+        "the rollout workers, the evaluator and the learner count their objects by type into that file "
+        "(no tracing cost)",
     )
     demo_flags: tuple[str, ...] = derived((), "the flags after `--`, for the demo")
 

@@ -179,6 +179,7 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
         stats.trained_tokens += 512
         tel.on_step(len(rows) + 1, 1, stats, [rec], {"losses/policy_loss": 0.0}, 0.5, parts)
     first, last = rows[0], rows[-1]
+    assert first["mem/rss_mb"] > 0 and "mem/rss_mb" not in rows[1] and "mem/rss_mb" not in last  # every 30 s
     assert first["perf/duty_cycle_recent"] == pytest.approx(0.5)  # 0.5 s of 1 s so far
     assert last["perf/duty_cycle"] == pytest.approx(1.5 / 20)
     assert last["perf/duty_cycle_recent"] == pytest.approx(0.5 / 10)  # only the last step is recent
