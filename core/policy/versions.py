@@ -79,7 +79,7 @@ def _adapter_target(cfg: ModelConfig, lora_cfg: lora.LoraConfig) -> dict:
 def _placed(target: dict) -> dict:
     """Each shape given this process's device. Without a sharding Orbax opens every array's
     stored metadata to choose one, and tensorstore (0.1.86) leaks what its `Spec.to_json`
-    returns there: a dozen lists and dicts per array per load, about 1 MB a minute in the
+    returns there: about ten lists and dicts per array per load, about 1 MB a minute in the
     soak's rollout job and evaluator (docs/RELIABILITY.md)."""
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     placed = lambda x: x.update(sharding=device) if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None else x
