@@ -77,6 +77,25 @@ def sample(extra: dict | None = None) -> dict:
     return row
 
 
+class Periodic:
+    """A long-lived process's `mem/*` gauges at most every `every_s` (counting Python's
+    objects takes ms, so not every row), with the growth report written beside them."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.every_s, self._at = every_s, -float("inf")
+
+    def row(self, now: float, report_dir: Path | None) -> dict:
+        """The gauges if `every_s` has passed since the last ones, else {}; `report_dir`: where
+        write_growth puts tracemalloc.txt (None: nowhere)."""
+        if now - self._at < self.every_s:
+            return {}
+        self._at = now
+        row = sample()
+        if report_dir is not None:
+            write_growth(Path(report_dir) / "tracemalloc.txt")
+        return row
+
+
 def _type_counts() -> Counter:
     gc.collect()  # live objects only: uncollected cycles would read as growth until the next full pass
     named: Counter = Counter()

@@ -25,7 +25,6 @@ from core.telemetry import scalars, trace
 
 # Per-episode environment latency buckets (upper edges, ms): the report's distribution.
 LATENCY_EDGES_MS = (10, 50, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
-MEMORY_EVERY_S = 30.0  # mem/... gauges (core/process_memory.py): counting Python's objects takes ms
 
 
 class RolloutTelemetry:
@@ -41,7 +40,7 @@ class RolloutTelemetry:
         self.source = None  # () -> dict of gauges (policy version, engine stats, groups in flight)
         self._stop = threading.Event()
         self._thread = None
-        self._memory_at = -MEMORY_EVERY_S
+        self._memory = process_memory.Periodic()  # mem/... gauges, a long run's growth told apart by kind
         process_memory.start_tracing()
 
     # -- counting (called from DoFns, any thread) ------------------------------------------
@@ -96,11 +95,7 @@ class RolloutTelemetry:
                     row[f"rollout/{name}_p95"] = round(float(np.percentile(values, 95)), 1)
         row.update({f"rollout/{k}": v for k, v in gauges.items()})
         row["rollout/env_latency_hist"] = {"edges_ms": list(LATENCY_EDGES_MS), "counts": hist}
-        if now - self._memory_at >= MEMORY_EVERY_S:  # a long run's growth, told apart by kind
-            self._memory_at = now
-            row.update(process_memory.sample())
-            if self.writer.local_dir is not None:
-                process_memory.write_growth(self.writer.local_dir / "tracemalloc.txt")
+        row.update(self._memory.row(now, self.writer.local_dir))
         return row
 
     def write_row(self) -> None:

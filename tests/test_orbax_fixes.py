@@ -17,24 +17,30 @@ from core.policy.model import abstract_model, init_model, split_params
 from core.policy.versions import VersionLoader
 
 
-def _leaked_lists() -> int:
-    """Lists shaped like the metrics call's leak, `[{'value': N}]` (other threads of a shared
-    test process make objects too: counting them all would count theirs)."""
+def _live(shaped) -> int:
+    """Live objects of one leak's own shape (other threads of a shared test process make
+    objects too: counting them all would count theirs)."""
     gc.collect()
-    return sum(
-        1 for o in gc.get_objects() if type(o) is list and len(o) == 1 and type(o[0]) is dict and set(o[0]) == {"value"}
-    )
+    return sum(1 for o in gc.get_objects() if shaped(o))
+
+
+def _metrics_list(o) -> bool:  # what the metrics call leaks: [{'value': N}]
+    return type(o) is list and len(o) == 1 and type(o[0]) is dict and set(o[0]) == {"value"}
+
+
+def _transform(o) -> bool:  # what Spec.to_json leaks, among others: an index transform's JSON
+    return type(o) is dict and set(o) == {"input_exclusive_max", "input_inclusive_min"}
 
 
 def test_tensorstores_metrics_call_still_leaks():
     """If this fails, tensorstore fixed it: the workaround can go."""
     per_call = len(ts.experimental_collect_matching_metrics("/tensorstore/"))
-    before = _leaked_lists()
+    before = _live(_metrics_list)
     for _ in range(500):
         ts.experimental_collect_matching_metrics("/tensorstore/")
     # A list per metric, never freed (counted: those holding one {'value': N}; a process with
     # more kinds of metric leaks other shapes too).
-    assert per_call >= 1 and _leaked_lists() - before >= 500
+    assert per_call >= 1 and _live(_metrics_list) - before >= 500
 
 
 def test_publishing_and_loading_versions_leaves_nothing_behind(tmp_path):
@@ -44,19 +50,12 @@ def test_publishing_and_loading_versions_leaves_nothing_behind(tmp_path):
     for v in range(2):
         store.publish(v, params)
         store.load(v, params)
-    before = _leaked_lists()
+    before = _live(_metrics_list)
     for v in range(2, 22):
         store.publish(v, params)
         got = store.load(v, params)
     del got
-    assert _leaked_lists() == before  # unpatched: about 720 more here (4 calls a round trip)
-
-
-def _leaked_transforms() -> int:
-    """Dicts shaped like an index transform's JSON, which `Spec.to_json` leaks one of per call."""
-    gc.collect()
-    keys = {"input_exclusive_max", "input_inclusive_min"}
-    return sum(1 for o in gc.get_objects() if type(o) is dict and set(o) == keys)
+    assert _live(_metrics_list) == before  # unpatched: about 720 more here (4 calls a round trip)
 
 
 def test_tensorstores_spec_to_json_still_leaks(tmp_path):
@@ -64,10 +63,10 @@ def test_tensorstores_spec_to_json_still_leaks(tmp_path):
     spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(tmp_path)}}
     t = ts.open({**spec, "metadata": {"shape": [8], "chunks": [8], "dtype": "<f4"}}, create=True).result()
     t.write(np.ones(8, np.float32)).result()
-    before = _leaked_transforms()
+    before = _live(_transform)
     for _ in range(100):
         t.spec().to_json()
-    assert _leaked_transforms() - before >= 100
+    assert _live(_transform) - before >= 100
 
 
 def test_loading_versions_into_bare_shapes_leaves_nothing_behind(tmp_path):
@@ -81,8 +80,8 @@ def test_loading_versions_into_bare_shapes_leaves_nothing_behind(tmp_path):
     loader = VersionLoader(store, cfg, split_params(abstract_model(cfg))[1])
     for v in range(2):
         loader.load(v)
-    before = _leaked_transforms()
+    before = _live(_transform)
     for v in range(2, 12):
         state, _ = loader.load(v)
-    assert _leaked_transforms() == before  # unplaced: one per array per load, 180 here
+    assert _live(_transform) == before  # unplaced: one per array per load, 180 here
     assert np.array_equal(nnx.to_pure_dict(state)["embed"]["embedding"], params["embed"]["embedding"])

@@ -6,7 +6,7 @@ Row names: `losses/*` (the step's own metrics), `perf/*` (step time, duty cycle 
 trained tokens/s over the whole run and the last `recent_s` seconds), `policy/version`,
 `staleness/{mean,max}` of the batch, `data/*` (fill, reward, records received, buffered,
 dead-lettered, dropped stale), `feeder/*` (trajectories in flight, requests published),
-and every MEMORY_EVERY_S the process's `mem/*` gauges (core/process_memory.py), as the
+and every 30 s the process's `mem/*` gauges (core/process_memory.py), as the
 rollout workers' and the evaluator's rows carry them.
 """
 
@@ -20,8 +20,6 @@ from pathlib import Path
 
 from core import process_memory
 
-MEMORY_EVERY_S = 30.0  # counting Python's objects takes ms: not every step
-
 
 class LearnerTelemetry:
     def __init__(self, writer, tracer, started: float, recent_s: float = 30.0, clock=time.monotonic, status_path=None):
@@ -30,7 +28,7 @@ class LearnerTelemetry:
         self.status_path, self._waiting = Path(status_path) if status_path else None, None
         self._steps = collections.deque()  # (end time, step seconds, tokens) of recent steps
         self._idle_since: int | None = time.perf_counter_ns()  # wait-for-data span start
-        self._memory_at = -MEMORY_EVERY_S
+        self._memory = process_memory.Periodic()
 
     def span(self, name: str, **args):
         return self.tracer.span(name, "learner", **args)
@@ -114,11 +112,7 @@ class LearnerTelemetry:
             # The whole run's admitted records by versions behind (the live panel's distribution).
             **{f"staleness/records_{k}": n for k, n in sorted(parts.staleness.histogram.items())},
         }
-        if now - self._memory_at >= MEMORY_EVERY_S:  # a long run's growth, told apart by kind
-            self._memory_at = now
-            row.update(process_memory.sample())
-            if getattr(self.writer, "local_dir", None) is not None:  # with --gc_types: what grew
-                process_memory.write_growth(self.writer.local_dir / "tracemalloc.txt")
+        row.update(self._memory.row(now, getattr(self.writer, "local_dir", None)))
         self.writer.write(step, row)
         self.tracer.counter("learner", duty_recent=round(duty_recent, 3), in_flight=parts.credits.outstanding)
         return row
