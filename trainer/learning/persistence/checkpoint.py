@@ -33,6 +33,7 @@ from typing import Any, Self
 import orbax.checkpoint as ocp
 from etils import epath
 
+from core import heap
 from core.contracts import manifest as mf
 from core.contracts import orbax_fixes
 from core.contracts.store_files import disable_gcsfs_listing_cache, files_for
@@ -131,6 +132,7 @@ class LearnerCheckpointer:
         process keeps a step pending until process 0's manifest for it exists, so its
         `durable_step()` cannot report a step durable that a restore would skip."""
         steps, self._unhashed = self._unhashed, []
+        durable_before = self._durable
         for step in steps:
             root = self._step_dir(step)
             if not is_primary():
@@ -146,6 +148,10 @@ class LearnerCheckpointer:
             doc = {"manifest_version": mf.MANIFEST_VERSION, "step": step, "manifest": files}
             self._files.write_text(f"{root}/{MANIFEST}", json.dumps(doc))
             self._durable = max(step, self._durable or 0)
+        if self._durable != durable_before:
+            # A finished save freed its host copies of every array (params, Adam state); glibc
+            # keeps them in its arenas otherwise, and the learner's resident size crept up.
+            heap.release()
 
     def _manifest(self, step: int) -> dict | None:
         text = self._files.read_text(f"{self._step_dir(step)}/{MANIFEST}")
