@@ -46,7 +46,7 @@ def run_one(cfg: LearnerProcessesBenchConfig, n: int) -> dict:
         learner_processes=n,
         max_steps=cfg.steps,
         warmstart_steps=cfg.warmstart_steps,
-        keep_zero_signal=True,  # a short warm start: train on equal-reward groups too
+        filter_zero_signal=False,  # a short warm start: train on equal-reward groups too
         eval_n=0,
         live="off",
         trace=False,

@@ -201,7 +201,7 @@ def demo_ab(args, work: Path, plan_path: Path) -> list[dict]:
         init_policy=args.init_policy,
         warmstart_steps=0,
         eval_n=0,
-        keep_zero_signal=True,
+        filter_zero_signal=False,
         max_steps=args.run.steps,
         batch_records=args.run.batch_records,
         publish_every=args.run.publish_every,

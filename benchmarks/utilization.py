@@ -190,7 +190,7 @@ def run(args) -> dict:
             warmstart_steps=0,
             eval_n=args.eval_n,
             target=args.target,
-            keep_zero_signal=True,
+            filter_zero_signal=False,
             tool_latency=lat,
             max_steps=args.run.steps,
             batch_records=args.run.batch_records,

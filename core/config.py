@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import re
-import types
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -38,9 +36,22 @@ from core.config_checks import (
     check_fields,
     configclass,
 )
+from core.config_text import base_type, format_value, parse_value, parser_for
 
 _FLAG, _PREFIX, _HIDE, _REPEAT, _WIRING, _LAUNCHED = "flag", "prefix", "hide", "repeat", "wiring", "launched"
-__all__ = ["KnobError", "build", "check_fields", "configclass", "derived", "knob", "parse", "section", "to_argv"]
+_TO = "to"
+__all__ = [
+    "KnobError",
+    "build",
+    "check_fields",
+    "configclass",
+    "derived",
+    "knob",
+    "launched",
+    "parse",
+    "section",
+    "to_argv",
+]
 
 
 def knob(
@@ -56,6 +67,7 @@ def knob(
     lt=None,
     matches: tuple[str, str] | None = None,
     wiring: bool = False,
+    to: tuple[str, ...] = (),
     **kw,
 ):
     """A config field that is a flag: its one default and its help text. `flag=False` for a
@@ -65,7 +77,9 @@ def knob(
     `matches=(regex, "what it is")` (for a tuple: of each item), with the field's type, are
     checked by `check_fields` whenever the config is built, whatever builds it (a
     `@configclass` calls it first). `wiring=True`: where the process connects (a topic, a
-    store, a path): whoever launches it sets that, so a `launched` section offers no flag."""
+    store, a path): whoever launches it sets that, so a `launched` section offers no flag.
+    `to=("learner",)`: a run-wide value of the holder, set in each named section's flag of
+    the same name (`launched` builds that process's tree), which then offers no flag."""
     bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
     metadata = {_HELP: help, _FLAG: flag, _CHOICES: tuple(choices) if choices is not None else None}
     if bounds:
@@ -76,6 +90,8 @@ def knob(
         metadata[_REPEAT] = True
     if wiring:
         metadata[_WIRING] = True
+    if to:
+        metadata[_TO] = tuple(to)
     if isinstance(default, (list, dict, set)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata, **kw)
@@ -121,15 +137,6 @@ def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
-def _base_type(tp):
-    """`int | None` -> (int, True); `int` -> (int, False)."""
-    args = typing.get_args(tp)
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        inner = [a for a in args if a is not type(None)]
-        return (inner[0] if len(inner) == 1 else str), True
-    return tp, False
-
-
 def leaves(cls, prefix: str = "", path: tuple[str, ...] = (), section_name: str = "", base=None) -> Iterator[Leaf]:
     """Every flag of the tree rooted at dataclass `cls`, depth first, in field order. Defaults
     are the fields' own, or those of `base` (an instance: a section's preset) when given."""
@@ -142,6 +149,7 @@ def _leaves(cls, prefix, path, section_name, base, hides, shared, launched) -> I
     `launched`: inside a process the tree launches (its wiring is not a flag)."""
     hints = _hints(cls)
     own_shared = {hints[f.name] for f in dataclasses.fields(cls) if f.metadata.get(_SHARED)}
+    forwarded = _forwarded(cls)
     for f in dataclasses.fields(cls):
         if f.metadata.get(_SECTION) and hints[f.name] in shared:
             continue  # the holder's shared section sets it
@@ -154,7 +162,7 @@ def _leaves(cls, prefix, path, section_name, base, hides, shared, launched) -> I
                 path + (f.name,),
                 section_name or f.name,
                 sub_base,
-                (*hides, (sub_prefix, frozenset(f.metadata.get(_HIDE, ())))),
+                (*hides, (sub_prefix, frozenset(f.metadata.get(_HIDE, ())) | forwarded.get(f.name, frozenset()))),
                 shared if f.metadata.get(_SHARED) else shared | own_shared,
                 launched or f.metadata.get(_LAUNCHED, False),
             )
@@ -187,56 +195,20 @@ def _leaves(cls, prefix, path, section_name, base, hides, shared, launched) -> I
         )
 
 
-def _parse_value(text: str, tp):
-    base, _ = _base_type(tp)
-    origin = typing.get_origin(base)
-    if base is bool:
-        return text.lower() in ("1", "true", "yes")
-    if base in (int, float, str):
-        return base(text)
-    if origin is tuple or base is tuple:
-        item = (typing.get_args(base) or (str,))[0]
-        if text == "":
-            return ()
-        if "" in (parts := [x.strip() for x in text.split(",")]):
-            raise ValueError(f"an empty item in {text!r}")  # a typo ("128,,256"), not a shorter list
-        return tuple(item(x) for x in parts)
-    if origin is dict or base is dict:
-        value = json.loads(text)
-        if not isinstance(value, dict):
-            raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-        return value
-    return text
+def _forwarded(cls) -> dict[str, frozenset[str]]:
+    """Section name -> the holder's fields declared `to` it (their flags are the holder's)."""
+    out: dict[str, set[str]] = {}
+    for f in dataclasses.fields(cls):
+        for name in f.metadata.get(_TO, ()):
+            out.setdefault(name, set()).add(f.name)
+    return {name: frozenset(fields) for name, fields in out.items()}
 
 
-def _parser_for(tp):
-    def parse_text(text: str):
-        try:
-            return _parse_value(text, tp)
-        except (ValueError, json.JSONDecodeError) as e:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {_type_name(tp)} ({e})") from None
-
-    return parse_text
-
-
-def _type_name(tp) -> str:
-    base, optional = _base_type(tp)
-    origin = typing.get_origin(base)
-    if origin is tuple:
-        name = "comma-separated list of " + getattr(typing.get_args(base)[0], "__name__", "values")
-    elif origin is dict or base is dict:
-        name = "JSON object"
-    else:
-        name = getattr(base, "__name__", str(base))
-    return name + (" or unset" if optional else "")
-
-
-def _format_value(value) -> str:
-    if isinstance(value, tuple):
-        return ",".join(map(str, value))
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
+def launched(holder, name: str):
+    """Section `name` of `holder` with the holder's run-wide values (`knob(to=...)`) set in
+    it: the tree of the process the holder launches, before the holder wires it."""
+    fields = _forwarded(type(holder)).get(name, frozenset())
+    return replace(getattr(holder, name), **{field: getattr(holder, field) for field in sorted(fields)})
 
 
 def add_arguments(parser, cls, prefix: str = "", base=None) -> list[Leaf]:
@@ -251,8 +223,8 @@ def add_arguments(parser, cls, prefix: str = "", base=None) -> list[Leaf]:
                 f"--{leaf.flag} is declared twice in {cls.__name__}: {seen[leaf.flag].path} and {leaf.path}"
             )
         seen[leaf.flag] = leaf
-        base, optional = _base_type(leaf.type)
-        doc = leaf.help + ("" if leaf.default is dataclasses.MISSING else f" (default: {_format_value(leaf.default)})")
+        base, optional = base_type(leaf.type)
+        doc = leaf.help + ("" if leaf.default is dataclasses.MISSING else f" (default: {format_value(leaf.default)})")
         kw: dict[str, Any] = {"dest": leaf.dest, "help": doc.replace("%", "%%")}
         if leaf.default is dataclasses.MISSING:
             kw["required"] = True
@@ -262,9 +234,9 @@ def add_arguments(parser, cls, prefix: str = "", base=None) -> list[Leaf]:
             kw["action"] = argparse.BooleanOptionalAction
         elif leaf.repeat:
             kw["action"], kw["metavar"] = _Repeat, "VALUE"
-            kw["type"] = _parser_for((typing.get_args(base) or (str,))[0])
+            kw["type"] = parser_for((typing.get_args(base) or (str,))[0])
         else:
-            kw["type"] = _parser_for(leaf.type)
+            kw["type"] = parser_for(leaf.type)
             kw["metavar"] = getattr(base, "__name__", "VALUE").upper()
             if leaf.choices is not None and typing.get_origin(base) is not tuple:  # items: check_fields
                 kw["choices"] = leaf.choices
@@ -307,10 +279,10 @@ def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base, fill=Non
         leaf = by_path.get(path + (f.name,))
         if leaf is not None and leaf.dest in values:
             value = values[leaf.dest]
-            if isinstance(value, os.PathLike) and _base_type(leaf.type)[0] is str:
+            if isinstance(value, os.PathLike) and base_type(leaf.type)[0] is str:
                 value = os.fspath(value)  # a Path (or epath) where a path is asked for
-            elif isinstance(value, str) and _base_type(leaf.type)[0] is not str:
-                value = _parse_value(value, leaf.type)
+            elif isinstance(value, str) and base_type(leaf.type)[0] is not str:
+                value = parse_value(value, leaf.type)
             kwargs[f.name] = value
     kwargs.update(fill or {})
     try:
@@ -361,7 +333,7 @@ def to_argv(tree, prefix: str = "", *, only_changed: bool = True, base=None) -> 
         value = get(tree, leaf.path)
         if only_changed and leaf.default is not dataclasses.MISSING and value == leaf.default:
             continue
-        kind, optional = _base_type(leaf.type)
+        kind, optional = base_type(leaf.type)
         if value is None:
             if leaf.default not in (None, dataclasses.MISSING):
                 raise ValueError(f"--{leaf.flag}: unset cannot be said on a command line whose default is set")
@@ -369,9 +341,9 @@ def to_argv(tree, prefix: str = "", *, only_changed: bool = True, base=None) -> 
         if kind is bool and not optional:
             out.append(f"--{leaf.flag}" if value else f"--no-{leaf.flag}")
         elif leaf.repeat:
-            out.extend(f"--{leaf.flag}={_format_value(item)}" for item in value)
+            out.extend(f"--{leaf.flag}={format_value(item)}" for item in value)
         else:
-            out.append(f"--{leaf.flag}={_format_value(value)}")
+            out.append(f"--{leaf.flag}={format_value(value)}")
     return out
 
 

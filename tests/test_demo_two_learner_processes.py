@@ -27,7 +27,7 @@ def test_a_two_process_learner_runs_the_main_job_and_balances(tmp_path):
         batch_records=2,  # 2 rows a step: one per process's device
         group_size=4,
         warmstart_steps=20,  # both processes run it, collectively, on the same demonstrations
-        keep_zero_signal=True,  # a barely warm policy: train on equal-reward groups too
+        filter_zero_signal=False,  # a barely warm policy: train on equal-reward groups too
         tool_latency="none",
         policy_poll_s=0.2,
         timeout_s=600,

@@ -100,7 +100,7 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
         eval_n=16,
         batch_records=2,
         group_size=4,
-        keep_zero_signal=True,  # random init: nearly every group is all-zero reward
+        filter_zero_signal=False,  # random init: nearly every group is all-zero reward
         # The learner's own credits: the plan's window (sized for a busy learner) would
         # hold all 10 steps' trajectories at once, all from v0. The sync test runs the plan.
         plan="off",
@@ -234,7 +234,7 @@ def test_synchronous_baseline_trains_only_on_its_own_version(tmp_path):
         trace=False,
         batch_records=2,
         group_size=4,
-        keep_zero_signal=True,
+        filter_zero_signal=False,
     )
     s = run_local(args)
     assert s.learner.schedule == "sync" and s.learner.steps == 4
@@ -286,7 +286,7 @@ def test_a_signal_to_the_demo_stops_everything_it_started(tmp_path, sig):
 
     workdir = tmp_path / "term"
     settings = {"warmstart_steps": 0, "eval_n": 0, "max_steps": 1000, "plan": "off", "timeout_s": 600}
-    settings |= {"keep_zero_signal": True, "batch_records": 1}  # random init: a first step soon, not never
+    settings |= {"filter_zero_signal": False, "batch_records": 1}  # random init: a first step soon, not never
     demo = subprocess.Popen(commands.demo(workdir=str(workdir), **settings))
     try:
         deadline = time.monotonic() + 180

@@ -58,7 +58,7 @@ def test_the_main_job_survives_a_pubsub_outage(tmp_path):
             eval_n=0,
             batch_records=2,
             group_size=4,
-            keep_zero_signal=True,
+            filter_zero_signal=False,
             plan="off",
             trace=False,
             live="off",

@@ -42,6 +42,13 @@ def _processes(cfg: DemoConfig, tmp_path) -> dict:
         (["--max_new_tokens_per_turn=48"], lambda p: (p["rollout"].engine.turn, p["evaluator"].turn)),
         (["--lora_rank=4", "--lora_alpha=8"], lambda p: (p["learner"].learner.lora,)),
         (["--warmstart_steps=5", "--warmstart_lr=1e-4"], lambda p: (p["learner"].warmstart.learning_rate,)),
+        # Run-wide values (`knob(to=...)`): the demo's own, set in the processes named.
+        (["--max_steps=7"], lambda p: (p["learner"].max_steps,)),
+        (["--group_size=4"], lambda p: (config.get(p["learner"], _path(p["learner"], "group_size")),)),
+        (["--sync"], lambda p: (p["learner"].sync,)),
+        (["--init_policy=/store"], lambda p: (p["learner"].init_policy,)),
+        (["--max_wait_s=3"], lambda p: (config.get(p["rollout"], _path(p["rollout"], "max_wait_s")),)),
+        (["--no-filter_zero_signal"], lambda p: (p["rollout"].packing.filter_zero_signal,)),
     ],
 )
 def test_one_flag_reaches_every_process_that_holds_its_section(argv, reads, tmp_path):
@@ -67,6 +74,41 @@ def test_a_shared_sections_copies_have_no_flags_of_their_own():
         # Where a process connects is wiring: the demo sets it from its workdir and emulator.
         assert not {prefix + f for f in ("policy_root", "data_dir", "requests_topic", "records_topic")} & flags
     assert {"policy_root", "requests_topic", "data_dir"} <= {leaf.flag for leaf in config.leaves(LearnerJobConfig)}
+
+
+def test_a_run_wide_value_is_set_in_each_process_named_and_is_no_flag_there():
+    flags = {leaf.flag for leaf in config.leaves(DemoConfig)}
+    forwarded = {f.name: f.metadata["to"] for f in dataclasses.fields(DemoConfig) if "to" in f.metadata}
+    assert {"max_steps", "batch_records", "timeout_s", "policy_poll_s", "filter_zero_signal"} <= set(forwarded)
+    prefixes = {"learner": "learner.", "rollout": "rollout.", "evaluator": "eval_"}
+    for name, sections in forwarded.items():
+        assert name in flags
+        for section_name in sections:
+            assert prefixes[section_name] + name not in flags  # the demo's flag, not the process's
+            tree = config.launched(DemoConfig(), section_name)
+            assert config.get(tree, _path(tree, name)) == getattr(DemoConfig(), name)
+
+
+def _path(tree, flag: str) -> tuple[str, ...]:
+    return next(leaf.path for leaf in config.leaves(type(tree)) if leaf.flag == flag)
+
+
+@configclass
+class _Steps:
+    steps: int = knob(1, "steps")
+
+
+@configclass
+class _StepsHolder:
+    steps: int = knob(5, "steps", to=("inner",))
+    other: int = knob(2, "no such flag inside", to=("inner",))
+    inner: _Steps = section(_Steps, "inner.", launched=True)
+
+
+def test_to_names_a_flag_the_section_must_have():
+    assert "inner.steps" not in {leaf.flag for leaf in config.leaves(_StepsHolder)}
+    with pytest.raises(KeyError, match="--other"):
+        config.launched(_StepsHolder(), "inner")
 
 
 def test_the_evaluator_scores_without_the_runs_tool_latency(tmp_path):

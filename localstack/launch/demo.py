@@ -50,7 +50,7 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
     """The learner's tree: the main job's preset and the user's `--learner.*`, the run-wide
     fields and the workdir's paths, with the plan's settings under the user's own."""
     learner = config.replace(
-        cfg.learner,
+        config.launched(cfg, "learner"),
         requests_topic=topics["requests"],
         records_subscription=subs["records"],
         dead_letter_topic=topics["dead"],
@@ -58,13 +58,6 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
         summary_path=str(workdir / "summary.json"),
         checkpoint_dir=str(workdir / "checkpoints"),  # records are acked once one covers them
         data_dir=str(workdir / "datasets"),
-        init_policy=cfg.init_policy,
-        sync=cfg.sync,
-        max_steps=cfg.max_steps,
-        publish_every=cfg.publish_every,
-        batch_records=cfg.batch_records,
-        group_size=cfg.group_size,
-        timeout_s=cfg.timeout_s,
     )
     if plan:
         learner = _plan_then_user(learner, plan["learner_flags"], cfg.learner, main_job_learner())
@@ -76,14 +69,11 @@ def learner_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, sto
 
 def rollout_config(cfg: DemoConfig, workdir: Path, topics: dict, subs: dict, store: Path, plan) -> RolloutJobConfig:
     rollout = config.replace(
-        cfg.rollout,
+        config.launched(cfg, "rollout"),
         requests_subscription=subs["requests"],
         records_topic=topics["records"],
         dead_letter_topic=topics["dead"],
         policy_root=str(store),
-        policy_poll_s=cfg.policy_poll_s,
-        max_wait_s=cfg.max_wait_s,
-        filter_zero_signal=not cfg.keep_zero_signal,
     )
     if plan:
         rollout = _plan_then_user(rollout, plan["pipeline_flags"], cfg.rollout, main_job_rollout())

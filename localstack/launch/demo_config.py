@@ -7,8 +7,8 @@ of its type, which has no flag of its own. The processes' sections are the learn
 rollout job's and the evaluator's own config trees, preset for the main job; any of their
 fields is a flag under the section's prefix (`--learner.kl_coef=0.01`,
 `--rollout.engine_slots=32`, `--eval_nice=5`). The demo launches each process with
-`config.to_argv` of its section, after setting the workdir's paths and its run-wide fields
-(localstack/launch/demo.py).
+`config.to_argv` of its section, after setting the run-wide fields declared `to` it and the
+workdir's paths (localstack/launch/demo.py).
 """
 
 from __future__ import annotations
@@ -28,14 +28,10 @@ from trainer.learning.warmstart import WarmStartConfig
 
 SET_BY_DEMO = "set-by-the-demo"  # placeholder for a field the demo fills in at launch
 
-# The run-wide settings the demo holds itself (its progress, deadline and accounting read
-# them) and sets in each process: no flag there. Where a process connects (its `wiring`
-# knobs: topics, stores, paths) the demo sets from its workdir and the emulator, and the
-# `shared` sections below (model, environment, turn, layout, LoRA, warm start, telemetry) are
-# set once for every process: neither needs an entry here.
-LEARNER_SET = ("init_policy", "sync", "max_steps", "publish_every", "batch_records", "group_size", "timeout_s")
-ROLLOUT_SET = ("policy_poll_s", "max_wait_s", "filter_zero_signal")
-EVALUATOR_SET = ("task_seed", "timeout_s", "max_tokens")
+LEARNER, ROLLOUT = ("learner",), ("rollout",)  # where a run-wide value is set (`knob(to=...)`)
+# The evaluator's settings that follow from others: the learner's task seed (one seed builds
+# both splits, disjoint), the run's deadline and the layout's trajectory length.
+EVALUATOR_DERIVED = ("task_seed", "timeout_s", "max_tokens")
 
 
 def main_job_learner() -> LearnerJobConfig:
@@ -67,18 +63,25 @@ class DemoConfig:
     """`agentic-rl demo` (`make demo`): the main job on the embedded local stack."""
 
     workdir: str | None = knob(None, "logs, policy store and summary (unset: a temp dir)")
-    max_steps: int = knob(40, "learner steps")
-    publish_every: int = knob(2, "learner steps per policy version")
-    batch_records: int = knob(4, "records per learner step (up to 16 episodes each)")
-    group_size: int = knob(8, "episodes per prompt (GRPO group)")
-    keep_zero_signal: bool = knob(
-        False, "also train on groups whose rewards are all equal (they carry no gradient, only dilute it)"
+    # Run-wide values: the demo reads them too (progress, deadline, accounting), and `to`
+    # sets each in the named processes' trees, which offer no flag of their own for it.
+    max_steps: int = knob(40, "learner steps", to=LEARNER)
+    publish_every: int = knob(2, "learner steps per policy version", to=LEARNER)
+    batch_records: int = knob(4, "records per learner step (up to 16 episodes each)", to=LEARNER)
+    group_size: int = knob(8, "episodes per prompt (GRPO group)", to=LEARNER)
+    filter_zero_signal: bool = knob(
+        True,
+        "drop groups whose rewards are all equal (they carry no gradient, only dilute it); "
+        "--no-filter_zero_signal trains on them too",
+        to=ROLLOUT,
     )
-    sync: bool = knob(False, "the synchronous baseline: one round of rollouts per policy version")
-    timeout_s: float = knob(900.0, "the learner gives up after this long")
-    policy_poll_s: float = knob(0.5, "how often rollout workers look for a new policy version")
-    max_wait_s: float = knob(1.0, "a partly filled record is flushed after this long (planner and packer)")
-    init_policy: str | None = knob(None, "start RL from this policy store's newest version (no warm start)")
+    sync: bool = knob(False, "the synchronous baseline: one round of rollouts per policy version", to=LEARNER)
+    timeout_s: float = knob(900.0, "the learner gives up after this long", to=LEARNER)
+    policy_poll_s: float = knob(0.5, "how often rollout workers look for a new policy version", to=ROLLOUT)
+    max_wait_s: float = knob(1.0, "a partly filled record is flushed after this long (planner and packer)", to=ROLLOUT)
+    init_policy: str | None = knob(
+        None, "start RL from this policy store's newest version (no warm start)", to=LEARNER
+    )
     resume: bool = knob(False, "continue from the learner checkpoint a previous run left in --workdir")
     max_restarts: int = knob(3, "times a dead rollout job, and a dead Pub/Sub emulator, is started again", ge=0)
     target: float = knob(0.9, "held-out success the summary reports reaching")
@@ -111,10 +114,10 @@ class DemoConfig:
     telemetry: TelemetryDirs = section(  # under the workdir: the demo sets it at launch
         TelemetryDirs, shared=True, hide=("logdir", "trace_dir")
     )
-    learner: LearnerJobConfig = section(main_job_learner, "learner.", "the learner", LEARNER_SET, launched=True)
-    rollout: RolloutJobConfig = section(main_job_rollout, "rollout.", "the rollout job", ROLLOUT_SET, launched=True)
+    learner: LearnerJobConfig = section(main_job_learner, "learner.", "the learner", launched=True)
+    rollout: RolloutJobConfig = section(main_job_rollout, "rollout.", "the rollout job", launched=True)
     evaluator: EvaluatorConfig = section(
-        main_job_evaluator, "eval_", "the held-out evaluator", EVALUATOR_SET, launched=True
+        main_job_evaluator, "eval_", "the held-out evaluator", EVALUATOR_DERIVED, launched=True
     )
 
     def __post_init__(self):

@@ -19,7 +19,7 @@ from core.contracts.run_summary import Accounting
 ZERO_SIGNAL_HINT = (
     "every dropped group had equal rewards (zero signal): the policy solves none of its tasks, or all; "
     "a longer warm start or an easier recipe gives RL something to compare (docs/RESULTS.md), "
-    "--keep_zero_signal trains on them anyway"
+    "--no-filter_zero_signal trains on them anyway"
 )
 
 
