@@ -79,9 +79,7 @@ class DemoConfig:
     timeout_s: float = knob(900.0, "the learner gives up after this long", to=LEARNER)
     policy_poll_s: float = knob(0.5, "how often rollout workers look for a new policy version", to=ROLLOUT)
     max_wait_s: float = knob(1.0, "a partly filled record is flushed after this long (planner and packer)", to=ROLLOUT)
-    init_policy: str | None = knob(
-        None, "start RL from this policy store's newest version (no warm start)", to=LEARNER
-    )
+    init_policy: str | None = knob(None, "start RL from this policy store's newest version (no warm start)", to=LEARNER)
     resume: bool = knob(False, "continue from the learner checkpoint a previous run left in --workdir")
     max_restarts: int = knob(3, "times a dead rollout job, and a dead Pub/Sub emulator, is started again", ge=0)
     target: float = knob(0.9, "held-out success the summary reports reaching")
