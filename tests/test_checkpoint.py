@@ -156,3 +156,20 @@ def test_refuses_bad_input(tmp_path):
             ckpt.restore_latest(wrong)
     with pytest.raises(ValueError, match="max_to_keep"):
         LearnerCheckpointer(str(tmp_path / "other"), max_to_keep=0)
+
+
+def test_each_save_that_becomes_durable_gives_freed_heap_back_once(tmp_path, monkeypatch):
+    """A finished save frees its host copies of every array; glibc keeps them unless asked
+    (the learner's resident size crept 0.3 MB/min over an hour without this)."""
+    from trainer.learning.persistence import checkpoint
+
+    trims = []
+    monkeypatch.setattr(checkpoint.heap, "release", lambda: trims.append(1) or True)
+    with LearnerCheckpointer(str(tmp_path / "ckpt")) as ckpt:
+        ckpt.save(1, train_state(1), meta_for(1))
+        ckpt.wait_until_finished()
+        assert ckpt.durable_step() == 1 and len(trims) == 1
+        assert ckpt.durable_step() == 1 and len(trims) == 1  # nothing new became durable
+        ckpt.save(2, train_state(2), meta_for(2))
+        ckpt.save(3, train_state(3), meta_for(3))  # step 2 finalised, its manifest written
+        assert ckpt.durable_step() >= 2 and len(trims) >= 2
