@@ -17,7 +17,8 @@ class RunStats:
         self.records = 0
         self.tokens = 0
         self.loss_tokens = 0
-        self.rewards: list[float] = []
+        self.trajectories_received = 0
+        self.reward_sum = 0.0  # a sum, not a list: the learner runs for hours
         self.statuses = collections.Counter()
         self.record_shapes = collections.Counter()
         self.record_versions = collections.Counter()  # max policy version in each record
@@ -39,7 +40,8 @@ class RunStats:
         self.record_shapes[f"{rec.shape[0]}x{rec.shape[1]}"] += 1
         self.record_versions[rec.max_policy_version] += 1
         for t in rec.trajectories:
-            self.rewards.append(t.reward)
+            self.trajectories_received += 1
+            self.reward_sum += t.reward
             self.statuses[t.status] += 1
 
     def on_step(self, batch, metrics: dict[str, float], step_s: float, flops: float) -> None:
@@ -62,7 +64,7 @@ class RunStats:
             )
 
     def mean_reward(self) -> float:
-        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+        return self.reward_sum / self.trajectories_received if self.trajectories_received else 0.0
 
     def steady(self, now: float) -> dict:
         """Duty cycle and trained tokens/s after the first step: what the benchmarks compare
@@ -101,7 +103,7 @@ class RunStats:
             trajectories_dropped_by_pipeline=dict(consumer.dropped_trajectories),
             tokens_consumed=self.tokens,
             loss_tokens_consumed=self.loss_tokens,
-            trajectories=len(self.rewards),
+            trajectories=self.trajectories_received,
             trajectories_tokens_verified=self.tokens_verified,
             mean_reward=round(self.mean_reward(), 4),
             episode_status=dict(self.statuses),

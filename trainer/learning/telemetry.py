@@ -99,7 +99,7 @@ class LearnerTelemetry:
             "data/batch_reward": round(sum(t.reward for t in trajs) / len(trajs), 4) if trajs else 0.0,
             "data/batch_trajectories": len(trajs),
             "data/records_received": stats.records,
-            "data/trajectories_received": len(stats.rewards),
+            "data/trajectories_received": stats.trajectories_received,
             "data/records_buffered": sum(len(q) for q in parts.batches.queues.values()),
             "data/records_dead_lettered": parts.consumer.rejected,
             "data/records_duplicate": parts.consumer.duplicates,

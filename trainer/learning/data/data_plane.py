@@ -131,7 +131,7 @@ class DataPlane:
         requested = (feeder.published - feeder.start_position + feeder.redone) * self.group_size if feeder else 0
         return trajectory_accounting(
             requested=requested,
-            received=len(self.stats.rewards),
+            received=self.stats.trajectories_received,
             trained=self.stats.trained_trajectories,
             dropped_stale=self.staleness.dropped_trajectories,
             buffered=sum(len(r.trajectories) for r in queued),
