@@ -2,6 +2,9 @@
 
     .venv/bin/python benchmarks/soak.py --minutes 20 --out runs/soak -- --init_policy STORE --eval_n 64
     .venv/bin/python benchmarks/soak.py --report_only runs/soak      # rebuild report and plot
+    # a real checkpoint (`make real-model`) with LoRA: its recipe, one record a step
+    .venv/bin/python benchmarks/soak.py --minutes 30 --out runs/soak-smol -- \
+        --model ~/.cache/agentic-rl/models/SmolLM2-135M-Instruct --lora_rank 8 --batch_records 1 --eval_n 16
 
 Flags after `--` go to the demo. The soak gives the demo a step budget it cannot reach and
 a learner timeout past the duration, then SIGTERMs it at the end: the demo turns SIGTERM
