@@ -5,6 +5,10 @@ working memory) free hundreds of MB that glibc keeps in its arenas, where the re
 size still counts them: at SmolLM2-135M that was 0.3-0.4 GB after each, and the learner's
 peak RSS at 1 x 256 tokens fell from 3.21 to 2.89 GB once they were given back
 (docs/MODELS.md). `malloc_trim` does it; elsewhere than glibc this is a no-op.
+
+`limit_arenas`: glibc gives each thread that allocates its own arena, up to 8 per core; a
+learner's save threads and XLA's pools spread freed memory over them, and the resident size
+crept up over hours with the heap in use flat (docs/RELIABILITY.md, "Soak").
 """
 
 from __future__ import annotations
@@ -22,6 +26,15 @@ def _libc():
     except OSError:
         return None
     return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+def limit_arenas(count: int) -> bool:
+    """At most `count` malloc arenas from now on (call before threads start); True if set."""
+    libc = _libc()
+    return bool(libc is not None and hasattr(libc, "mallopt") and libc.mallopt(M_ARENA_MAX, count))
 
 
 def release() -> bool:

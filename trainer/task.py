@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from core import config
+from core import config, heap
 from core.contracts.pubsub_io import PermanentError
 from core.contracts.run_summary import RunSummary
 from core.contracts.store import StoreAccessError
@@ -174,6 +174,7 @@ def _exit_on_signal(signum, _frame):
 
 
 def main(argv=None) -> int:
+    heap.limit_arenas(2)  # before JAX's and Orbax's threads: fewer arenas, less fragmentation
     signal.signal(signal.SIGTERM, _exit_on_signal)
     # force: absl (imported by orbax and tfds) installs a root handler first, which would
     # swallow our lines.
