@@ -87,6 +87,19 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return b, my - b * mt
 
 
+def floor_slope(points: list[tuple[float, float]]) -> float | None:
+    """Per minute: the Theil-Sen slope (the median of pairwise slopes) of each minute's
+    minimum. A process's RSS swings with its saves and evaluations (150 MB for the learner's
+    checkpoint), and a least-squares line follows where in the half the swings fall; the
+    floor under them moves only with what stays."""
+    floors: dict[int, float] = {}
+    for t, y in points:
+        floors[int(t // 60)] = min(y, floors.get(int(t // 60), math.inf))
+    pts = sorted(floors.items())
+    slopes = [(y2 - y1) / (m2 - m1) for i, (m1, y1) in enumerate(pts) for m2, y2 in pts[i + 1 :]]
+    return _median(slopes) if len(pts) >= MIN_POINTS else None
+
+
 def stats(points: list[tuple[float, float]], t_end: float) -> dict:
     """Q1-of-run and Q4-of-run medians, and the fit over the second half of [0, t_end]."""
     q1 = _median([y for t, y in points if t < t_end / 4])
@@ -97,6 +110,7 @@ def stats(points: list[tuple[float, float]], t_end: float) -> dict:
         b, a = _fit(half)
         t0, t1 = half[0][0], half[-1][0]
         out.update(slope_per_min=b * 60, growth_half=b * (t1 - t0), base=a + b * t0, minutes_half=(t1 - t0) / 60)
+        out["floor_slope_per_min"] = floor_slope(half)
     return out
 
 
@@ -153,15 +167,16 @@ def _f(x, digits: int = 1) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| metric | series | Q1 median | Q4 median | slope/min (2nd half) | growth (2nd half) | verdict |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| metric | series | Q1 median | Q4 median | slope/min (2nd half) | floor slope/min | growth (2nd half) | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         family, name = r["key"].split("/", 1)
         d = 2 if family in ("threads", "fds", "procs") else 1
         lines.append(
             f"| {family} | {name} | {_f(r['q1_median'])} | {_f(r['q4_median'])} | "
-            f"{_f(r['slope_per_min'], d)} | {_f(r['growth_half'], d)} | {r['verdict']} |"
+            f"{_f(r['slope_per_min'], d)} | {_f(r.get('floor_slope_per_min') if family == 'rss_mb' else None, 2)} | "
+            f"{_f(r['growth_half'], d)} | {r['verdict']} |"
         )
     return "\n".join(lines)
 
@@ -191,7 +206,9 @@ def write_report(out: str | Path, samples: list[dict], meta: dict) -> str:
         f"- verdict: {'**' + ', '.join(grows) + '** grow or stall' if grows else 'everything with a verdict is flat'}",
         "",
         "Q1/Q4 median: the median over the first/last quarter of the run; slope and growth: a least-squares "
-        "line over the second half. Roles sum their processes; `all` is the whole process tree.",
+        "line over the second half; floor slope (RSS): the Theil-Sen slope of each minute's minimum over the "
+        "second half, which the swings of saves and evaluations do not move. Roles sum their processes; `all` is "
+        "the whole process tree.",
         "",
         table(rows),
         "",

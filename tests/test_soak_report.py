@@ -89,3 +89,17 @@ def test_report_plot_and_cut_short_samples_file(tmp_path):
     assert "| rss_mb | rollout |" in md and "grows" in md and "nothing (no process of the run" in md
     assert (tmp_path / "soak_report.md").read_text() == md
     assert report.plot(tmp_path, loaded).stat().st_size > 0
+
+
+def test_the_floor_slope_sees_through_swings_that_tilt_the_fitted_line():
+    """A learner whose floor rises 0.3 MB/min, with 150 MB save spikes that come more often
+    late in the half: the least-squares line says it shrinks, the floor says what stays."""
+    rows = []
+    for t in range(0, 3600, 5):
+        m = t / 60
+        saving = (t % 60 < 20) if m < 45 else (t % 60 >= 40)  # the spike's place in each minute moves
+        spike = 150 if saving and m < 50 else 0
+        rows.append({"t": t, "rss_mb/learner": 700 + 0.3 * m + spike})
+    st = {r["key"]: r for r in report.summarize(rows)}["rss_mb/learner"]
+    assert abs(st["floor_slope_per_min"] - 0.3) < 0.01
+    assert abs(st["slope_per_min"] - 0.3) > 0.3  # the fitted line is pulled off by the spikes
