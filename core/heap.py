@@ -6,9 +6,10 @@ size still counts them: at SmolLM2-135M that was 0.3-0.4 GB after each, and the 
 peak RSS at 1 x 256 tokens fell from 3.21 to 2.89 GB once they were given back
 (docs/MODELS.md). `malloc_trim` does it; elsewhere than glibc this is a no-op.
 
-`limit_arenas`: glibc gives each thread that allocates its own arena, up to 8 per core; a
-learner's save threads and XLA's pools spread freed memory over them, and the resident size
-crept up over hours with the heap in use flat (docs/RELIABILITY.md, "Soak").
+`limit_arenas`: glibc gives each thread that allocates its own arena, up to 8 per core.
+Save threads, XLA's and Beam's pools spread freed memory over them, and the learner's
+resident size crept up over hours with its heap in use flat (docs/RELIABILITY.md, "Soak"):
+the learner, the rollout job and the evaluator keep two.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import threading
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from core import config
+from core import config, heap
 from core.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 from pipelines import direct_runner, dry_run
 from pipelines.config import RolloutJobConfig
@@ -154,6 +154,7 @@ def main(argv=None) -> int:
         )
         config.make_parser(RolloutJobConfig, __doc__ + "\n" + epilog, "agentic-rl rollout").print_help()
         return 0
+    heap.limit_arenas(2)  # before Beam's and JAX's threads: fewer arenas, less fragmentation (core/heap.py)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     # force: absl (imported by orbax and tfds) installs a root handler first, which would
     # swallow our lines.

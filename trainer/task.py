@@ -174,7 +174,7 @@ def _exit_on_signal(signum, _frame):
 
 
 def main(argv=None) -> int:
-    heap.limit_arenas(2)  # before JAX's and Orbax's threads: fewer arenas, less fragmentation
+    heap.limit_arenas(2)  # before JAX's and Orbax's threads: fewer arenas, less fragmentation (core/heap.py)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     # force: absl (imported by orbax and tfds) installs a root handler first, which would
     # swallow our lines.
