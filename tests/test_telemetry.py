@@ -127,6 +127,30 @@ def _traj(status="finished", generated=10, latency_s=0.3, reward=1.0):
     return SimpleNamespace(status=status, loss_mask=np.ones(generated), env_latency_s=latency_s, reward=reward)
 
 
+WRITE_SCALARS_THEN_TORCH = """
+import sys, tempfile
+from core.telemetry import scalars
+w = scalars.ScalarWriter(tempfile.mkdtemp(), "learner")
+w.write(1, {"losses/policy_loss": 0.5})
+w.close()
+print("torch" in sys.modules)
+import torch  # still importable by whatever needs it afterwards
+print(float(torch.ones(2).sum()))
+"""
+
+
+@pytest.mark.e2e  # a Python process of ours: only a fresh one shows what importing costs
+def test_writing_scalars_does_not_import_torch_and_leaves_it_importable():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", WRITE_SCALARS_THEN_TORCH], cwd=root, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "2.0"]
+
+
 def test_rollout_rows_turn_counts_into_rates_and_a_latency_histogram():
     now = [100.0]
     rows = []

@@ -27,6 +27,25 @@ def _finite(v) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _summary_writer_class():
+    """tensorboardX's SummaryWriter, imported here (only processes that write pay for it)
+    and without torch: tensorboardX imports torch wherever it is installed (the test extra
+    installs it), only to accept torch tensors, which cost each of our processes about 3 s
+    and 60 MB. Torch is hidden only while tensorboardX imports, and only if nothing had
+    imported it yet."""
+    import sys
+
+    hide = "torch" not in sys.modules and "tensorboardX" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if hide:
+            del sys.modules["torch"]
+    return SummaryWriter
+
+
 class ScalarWriter:
     """`write(step, {"losses/policy_loss": 0.1, ...})`: one JSONL row and one TensorBoard
     scalar per value. Non-numeric values (lists, dicts) go to the JSONL row only.
@@ -36,7 +55,7 @@ class ScalarWriter:
     tensorboardX's own GCS writer uploads again from its finaliser, after close)."""
 
     def __init__(self, logdir: str | os.PathLike, source: str, flush_secs: float = 5.0):
-        from tensorboardX import SummaryWriter  # imported here: only processes that write pay for it
+        SummaryWriter = _summary_writer_class()
 
         self.dir = f"{str(logdir).rstrip('/')}/{source}"
         self.source, self.flush_secs = source, flush_secs
