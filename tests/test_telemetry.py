@@ -196,7 +196,7 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
         batches=SimpleNamespace(queues={(4, 256): [rec]}),
         feeder=None,
     )
-    stats = SimpleNamespace(step_time_s=0.0, trained_tokens=0, records=0, rewards=[])
+    stats = SimpleNamespace(step_time_s=0.0, trained_tokens=0, records=0, trajectories_received=0)
     for t in (1.0, 2.0, 20.0):  # two steps early, then a long starved gap
         now[0] = t
         stats.step_time_s += 0.5
