@@ -37,12 +37,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Everything but the slow tier: the unit tier on two pytest workers (the tests against
-# transformers share one, so the other never imports torch), then the e2e tier on two as
-# well (its tests start processes, but average about one core each; the few that bound a
-# time share one worker; both groups: tests/conftest.py). Both run whatever the first finds;
+# Everything but the slow tier: the unit tier on two pytest workers, then the e2e tier on
+# two as well (its tests start processes, but average about one core each; the few that
+# bound a time share one worker, tests/conftest.py). Both run whatever the first finds;
 # exit status 5 is "no test selected" (ARGS chose one tier only).
-UNIT := -m 'not e2e and not slow' -n 2 --dist loadgroup
+UNIT := -m 'not e2e and not slow' -n 2
 E2E := -m 'e2e and not slow' -n 2 --dist loadgroup
 # XLA compiles bind the tiers: a persistent compilation cache lets a test's processes (both
 # workers, the e2e tier's learners) reuse what another compiled, and the next run reuse it

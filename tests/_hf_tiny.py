@@ -11,27 +11,28 @@ import copy
 import json
 from pathlib import Path
 
-from tests._lazy import torch, transformers
+import torch
+import transformers
 
 VOCAB = 300
 COMMON = dict(vocab_size=VOCAB, intermediate_size=64, max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
 
-# family -> (transformers' config class name, kwargs): each exercises its family's features.
+# family -> (config class, kwargs): each exercises its family's features.
 FAMILIES = {
     # q/k/v biases, tied embeddings
-    "qwen2": ("Qwen2Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    "qwen2": (transformers.Qwen2Config, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                               num_key_value_heads=2, tie_word_embeddings=True)),
     # q/k norms, explicit head_dim (16 != 32 / 4), untied lm_head
-    "qwen3": ("Qwen3Config", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    "qwen3": (transformers.Qwen3Config, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                               num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)),
     # llama3 rope scaling with every band populated (original context 16, head_dim 16), untied lm_head
-    "llama": ("LlamaConfig", dict(
+    "llama": (transformers.LlamaConfig, dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
     # sliding window 5 < the sequences, full/sliding layers with their own RoPE (linear on full),
     # query_pre_attn_scalar != head_dim, GQA 4:1
-    "gemma3_text": ("Gemma3TextConfig", dict(
+    "gemma3_text": (transformers.Gemma3TextConfig, dict(
         hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
         query_pre_attn_scalar=12, sliding_window=5,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
@@ -41,8 +42,7 @@ FAMILIES = {
 
 
 def hf_model(family: str, seed: int = 0, overrides: dict | None = None) -> transformers.PreTrainedModel:
-    cls_name, kwargs = FAMILIES[family]
-    cls = getattr(transformers, cls_name)
+    cls, kwargs = FAMILIES[family]
     torch.manual_seed(seed)
     config = cls(**{**COMMON, **kwargs, **(overrides or {})})
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
@@ -61,8 +61,8 @@ def hf_model(family: str, seed: int = 0, overrides: dict | None = None) -> trans
     return model.eval()
 
 
-def save(model, path: Path, dtype=None) -> Path:
-    copy.deepcopy(model).to(torch.float32 if dtype is None else dtype).save_pretrained(path)
+def save(model, path: Path, dtype=torch.float32) -> Path:
+    copy.deepcopy(model).to(dtype).save_pretrained(path)
     return path
 
 

@@ -65,19 +65,6 @@ def _drop_half_written_cache_entries(cache_dir: str | None) -> None:
 # (an exit within seconds, a group gone within seconds): one worker takes all of them, one
 # after another, so no two of them ever run at once.
 ONE_AT_A_TIME = frozenset({"test_permanent_errors.py", "test_watchdog.py", "test_rollout_sigterm.py"})
-# The unit tests that compare against transformers (torch and transformers: about 8 s of
-# imports, tests/_lazy.py) go to one worker of the unit tier, so the other never imports them.
-USE_TRANSFORMERS = frozenset(
-    {
-        "test_chat_templates.py",
-        "test_generate_export.py",
-        "test_gguf_import.py",
-        "test_hf_models.py",
-        "test_hf_tokenizer.py",
-        "test_tiny_checkpoint.py",
-        "test_lora.py::test_merged_export_equals_the_adapter_in_transformers",
-    }
-)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -85,11 +72,8 @@ def pytest_collection_modifyitems(config, items):
         # A slow test runs the main job: it is e2e too.
         if E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.e2e)
-        if item.get_closest_marker("e2e"):
-            if item.path.name in ONE_AT_A_TIME:
-                item.add_marker(pytest.mark.xdist_group("one-at-a-time"))
-        elif {item.path.name, f"{item.path.name}::{item.originalname}"} & USE_TRANSFORMERS:
-            item.add_marker(pytest.mark.xdist_group("transformers"))
+        if item.get_closest_marker("e2e") and item.path.name in ONE_AT_A_TIME:
+            item.add_marker(pytest.mark.xdist_group("one-at-a-time"))
 
 
 def e2e_command(args, cwd=None) -> str | None:

@@ -12,12 +12,13 @@ import jinja2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers import AutoTokenizer
+from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
 
 from core.policy import chat_template
 from core.policy.tokenizer import load_tokenizer
 from tests import _chat_templates as chats
 from tests import _hf_tokenizers as tiny
-from tests._lazy import transformers
 
 FAMILIES = ("qwen2", "qwen3", "llama3", "gemma3")
 
@@ -30,7 +31,7 @@ def family(tmp_path_factory):
     out = {}
     for n, name in enumerate(FAMILIES):
         path = tiny.write(root / name, name, layout=("config", "jinja")[n % 2])
-        out[name] = (load_tokenizer(path), transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+        out[name] = (load_tokenizer(path), AutoTokenizer.from_pretrained(str(path), local_files_only=True))
     return out
 
 
@@ -117,7 +118,7 @@ def test_named_templates_pick_tool_use_when_tools_are_given(tmp_path):
     named = [{"name": "default", "template": chats.QWEN25}, {"name": "tool_use", "template": chats.QWEN3}]
     path = tiny.write(tmp_path / "named", "qwen3", template=named)
     ours = load_tokenizer(path)
-    auto = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    auto = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     assert dict(ours.chat_templates) == {"default": chats.QWEN25, "tool_use": chats.QWEN3} == auto.chat_template
     assert ours.chat_template == chats.QWEN25
     for tools in (None, chats.TOOLS):
@@ -158,8 +159,6 @@ def test_environment_features_equal_hf():
     ours = chat_template.render(
         FEATURES, messages, tools=chats.TOOLS, add_generation_prompt=True, variables={"extra": 7}
     )
-    from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
-
     rendered, _ = render_jinja_template(  # apply_chat_template normalizes, then renders
         conversations=[_normalize_chat_messages(messages)],
         tools=chats.TOOLS,

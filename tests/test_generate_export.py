@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 import pytest
+import torch
+import transformers
 from flax import nnx
 
 from agentic_rl import cli
@@ -22,7 +24,6 @@ from core.policy.sources import load_policy, policy_metadata
 from tests import _chat_templates as chats
 from tests import _hf_tiny as tiny
 from tests import _hf_tokenizers as toks
-from tests._lazy import torch, transformers
 
 # model family -> tokenizer family
 FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama3", "gemma3_text": "gemma3"}

@@ -20,6 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import regex
+import torch
+import transformers
 from safetensors.numpy import load_file
 
 from agentic_rl import cli, real_model
@@ -30,7 +32,6 @@ from core.policy.hf_config import read_hf_config
 from core.policy.hf_tokenizer import HFTokenizer
 from localstack.fixtures.tiny_tokenizers import CORPUS
 from tests import _gguf_tiny as tiny
-from tests._lazy import torch, transformers
 
 # transformers' GGUF config drops what its mapping lacks: qwen3's attention.key_length (it
 # assumes the class default 128) and Gemma 3's query scale (it assumes 256). Given here.

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
+import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
@@ -22,7 +24,6 @@ from core.policy.hf_weights import load_checkpoint
 from core.policy.model import init_model, split_params
 from core.policy.rope import inverse_frequencies
 from tests import _hf_tiny as tiny
-from tests._lazy import torch, transformers
 from trainer.learning.step.sharding import make_mesh, param_shardings
 
 FAMILIES = sorted(tiny.FAMILIES)
@@ -193,9 +194,9 @@ def _model_logits(model, ids) -> np.ndarray:
     return np.asarray(_jit_logits(model, jnp.asarray(ids, jnp.int32)))
 
 
-def _from_pretrained(path, dtype=None):
+def _from_pretrained(path, dtype=torch.float32):
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(
-        path, attn_implementation="eager", dtype=torch.float32 if dtype is None else dtype, output_loading_info=True
+        path, attn_implementation="eager", dtype=dtype, output_loading_info=True
     )
     assert not any(info.values()), info  # no missing, unexpected or mismatched keys
     return hf.eval(), info

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as RustTokenizer
+from transformers import AutoTokenizer, GenerationConfig
 
 from core.policy import tokenizer as byte_module
 from core.policy.hf_tokenizer import HFTokenizer
 from core.policy.tokenizer import BYTE_TOKENIZER, ByteTokenizer, Tokenizer, load_tokenizer
 from tests import _hf_tokenizers as tiny
-from tests._lazy import transformers
 
 FAMILIES = ("qwen2", "qwen3", "llama3", "gemma3")
 HYPOTHESIS = settings(deadline=None, max_examples=120, suppress_health_check=[HealthCheck.too_slow])
@@ -39,7 +39,7 @@ def family(tmp_path_factory):
 
 
 def _auto(path):
-    return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
 def _texts(specials):
@@ -92,7 +92,7 @@ def test_special_tokens_and_eos_equal_hf(family, name):
     assert ours.bos_id == auto.bos_token_id
     assert ours.pad_id == auto.pad_token_id
     assert ours.eos_ids[0] == auto.eos_token_id
-    generation = transformers.GenerationConfig.from_pretrained(str(path), local_files_only=True).eos_token_id
+    generation = GenerationConfig.from_pretrained(str(path), local_files_only=True).eos_token_id
     assert set(ours.eos_ids) == {auto.eos_token_id, *generation}
     assert dict(ours.template_tokens) == auto.special_tokens_map  # what chat templates see
     assert set(ours.special_tokens) == {t.content for t in auto.added_tokens_decoder.values() if t.special}

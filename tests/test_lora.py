@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 from _learner_data import random_record
 from flax import nnx
 from safetensors.numpy import load_file
@@ -29,7 +30,6 @@ from core.policy.lora import (
 )
 from core.policy.model import Transformer, abstract_tree, init_model
 from tests import _hf_tiny as tiny
-from tests._lazy import torch
 from trainer.learning.persistence.publisher import PolicyPublisher
 from trainer.learning.step.learner import Learner, LearnerConfig
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import load_file
 
 from agentic_rl import export
@@ -17,7 +18,6 @@ from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
 from localstack.launch.demo import run_local, with_model_layout
 from localstack.launch.demo_config import DemoConfig
 from tests import _hf_tiny
-from tests._lazy import torch
 
 pytestmark = pytest.mark.e2e
 

@@ -9,6 +9,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 from agentic_rl import cli
 from core.policy.config import FULL, SLIDING
@@ -19,7 +20,6 @@ from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
 from localstack.fixtures.tiny_tokenizers import AGENT_TOOLS, FAMILIES
 from tests import _chat_templates as chats
 from tests import _hf_tiny as tiny
-from tests._lazy import torch
 
 CALC_PROMPT = "Compute 12*(3+4)."
 # family -> what its config.json must say
