@@ -159,8 +159,7 @@ def test_refuses_bad_input(tmp_path):
 
 
 def test_each_save_that_becomes_durable_gives_freed_heap_back_once(tmp_path, monkeypatch):
-    """A finished save frees its host copies of every array; glibc keeps them unless asked
-    (the learner's resident size crept 0.3 MB/min over an hour without this)."""
+    """A finished save frees its host copies and buffers; glibc keeps them unless asked."""
     from trainer.learning.persistence import checkpoint
 
     trims = []

@@ -149,8 +149,9 @@ class LearnerCheckpointer:
             self._files.write_text(f"{root}/{MANIFEST}", json.dumps(doc))
             self._durable = max(step, self._durable or 0)
         if self._durable != durable_before:
-            # A finished save freed its host copies of every array (params, Adam state); glibc
-            # keeps them in its arenas otherwise, and the learner's resident size crept up.
+            # A finished save freed its host copies and buffers; glibc keeps such memory in its
+            # arenas otherwise. In the 60-minute soak this lowered the learner's resident size
+            # by 10-15 MB; its slow rise went on (docs/RELIABILITY.md, "Soak").
             heap.release()
 
     def _manifest(self, step: int) -> dict | None:
