@@ -167,7 +167,8 @@ def _f(x, digits: int = 1) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| metric | series | Q1 median | Q4 median | slope/min (2nd half) | floor slope/min | growth (2nd half) | verdict |",
+        "| metric | series | Q1 median | Q4 median | slope/min (2nd half) | floor slope/min | growth (2nd half) "
+        "| verdict |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
