@@ -71,7 +71,8 @@ class SoakConfig:
     gc_types: bool = knob(
         False,
         "the rollout workers, the evaluator and the learner count their objects by type into that file "
-        "(no tracing cost)",
+        "(no tracing cost; diagnosis only: on CPython < 3.13 walking every object can break another "
+        "thread's tuple(...) with a SystemError, core/process_memory.py)",
     )
     demo_flags: tuple[str, ...] = derived((), "the flags after `--`, for the demo")
 

@@ -3,14 +3,18 @@ staleness bound, with seeds. One command, one run:
 
     .venv/bin/python benchmarks/staleness.py --out docs/results
 
-From one warm-started calculator policy (made once here, or --init_policy), for each tool
-latency and each setting in SETTINGS, for each seed: the demo (`localstack.launch.demo`)
-with the evaluator on, learner on one core and the rollout side on the other, as
-benchmarks/utilization.py pins them. Settings:
+From one warm-started policy of --env (made once here with the environment's recipe, or
+--init_policy), for each tool latency and each setting in SETTINGS, for each seed: the demo
+(`localstack.launch.demo`, the environment's recipe under `--demo_flags`) with the evaluator
+on, learner on one core and the rollout side on the other, as benchmarks/utilization.py pins
+them. Settings:
 - sync: one round of rollouts per version, nothing stale;
+- default: async as `agentic-rl demo --env ENV --tool_latency L` runs it: the planner's own
+  plan (its default bound at L, localstack/launch/staleness_evidence.py), under the
+  recipe's flags (a recipe's --learner.max_in_flight wins over the plan's, as in the demo);
 - boundB: async with the capacity plan for a mean lag of B versions (`plan --staleness_bound
   B`: it caps the credit window, and the learner drops records older than the plan's
-  max_staleness). The planner's default bound is 2, so bound2 is the planner's default;
+  max_staleness), the plan's credit window set even where the recipe sets one;
 - bound2-decoupled: the same plan, trained with decoupled PPO (the ratio taken
   against the learner's own params, each token weighted by pi_prox / mu, capped: AReaL's
   objective) instead of PPO's ratio against the stale sampler.
@@ -23,8 +27,9 @@ async runs twice sync's steps (it steps about twice as often).
 Per run: seconds and versions from v0 to held-out sampled success >= --target (the
 evaluator's rows, timed by each version's publication), trained tokens/s and duty, the
 staleness of consumed records, records dropped as stale, the PPO diagnostics per step, and
-train reward against held-out success per version. Writes staleness.json (after every run:
-a rerun skips what is there) and staleness.png into --out and prints the tables.
+train reward against held-out success per version. Writes staleness.json (staleness_ENV.json
+for another --env; after every run: a rerun skips what is there) and its .png into --out and
+prints the tables.
 """
 
 from __future__ import annotations
@@ -44,15 +49,16 @@ from _staleness_report import plot, print_tables, run_row
 from core import config
 from core.config import configclass, knob
 from localstack.launch.demo import run_local
-from localstack.launch.demo_config import DemoConfig
+from localstack.launch.demo_config import DemoConfig, parse_args
 from localstack.launch.plan import PlanConfig
 from trainer.learning.capacity import Measurements, make_plan
 from trainer.learning.data.feeder import CreditConfig
 
-# name -> (staleness bound of the plan, or None for sync; demo flags on top)
-SETTINGS: dict[str, tuple[float | None, dict]] = {
+# name -> (staleness bound of the plan, "planner" for its own, or None for sync; demo flags on top)
+SETTINGS: dict[str, tuple[float | str | None, dict]] = {
     "sync": (None, {"sync": True}),
-    "bound2": (2.0, {}),  # the planner's default bound
+    "default": ("planner", {}),
+    "bound2": (2.0, {}),
     "bound2-decoupled": (2.0, {"learner.loss": "decoupled_ppo", "learner.tis_cap": 2.0}),
     "bound1": (1.0, {}),
     "bound4": (4.0, {}),
@@ -61,25 +67,33 @@ SETTINGS: dict[str, tuple[float | None, dict]] = {
 
 @configclass
 class StalenessConfig:
+    env: str = knob("calculator", "the environment; its recipe (localstack/launch/recipes.py) is every run's base")
+    demo_flags: tuple[str, ...] = knob(
+        (), "demo flags for every run, on the recipe (`--demo_flags=--learner.lr_decay=0`)"
+    )
     latencies: tuple[str, ...] = knob(("fixed:2", "fixed:0.5"), "tool latencies, one sweep each")
     settings: tuple[str, ...] = knob(tuple(SETTINGS), "which of SETTINGS to run, in this order", choices=SETTINGS)
     seeds: tuple[int, ...] = knob((0, 1, 2), "repeats of every setting (the sampler's and evaluator's seed)")
     sync_steps: int = knob(30, "learner steps of a sync run (async runs twice as many: the same wall budget)")
-    batch_records: int = knob(4, "records per learner step")
+    batch_records: int | None = knob(None, "records per learner step (unset: the recipe's)")
     publish_every: int = knob(2, "learner steps per policy version")
     eval_n: int = knob(128, "held-out tasks per evaluated version")
     target: float = knob(0.9, "held-out sampled success whose time from v0 is reported (the demo's --target)")
     thresholds: tuple[float, ...] = knob((0.5, 0.6, 0.9), "held-out successes whose times the tables give")
-    warmstart_steps: int = knob(2800, "for the one initial policy (the demo's default)")
+    warmstart_steps: int | None = knob(None, "for the one initial policy (unset: the recipe's)")
     init_policy: str | None = knob(None, "a policy store to start from (unset: warm start one)")
     learner_cpus: str = knob("0", "the learner's CPUs")
     rollout_cpus: str = knob("1", "the rollout side's CPUs (emulator, pipeline, evaluator)")
     workdir: str = knob("/tmp/staleness", "run directories")
-    out: str | None = knob(None, "write staleness.json and staleness.png here")
+    out: str | None = knob(None, "write staleness[_ENV].json and .png here")
 
 
 def demo_config(args: StalenessConfig, **by_flag) -> DemoConfig:
-    return config.build(DemoConfig, learner_cpus=args.learner_cpus, rollout_cpus=args.rollout_cpus, **by_flag)
+    """The demo as `agentic-rl demo --env ENV DEMO_FLAGS` would run it, with `by_flag` on top
+    (None: the recipe's value)."""
+    recipe = parse_args([f"--env={args.env}", *args.demo_flags])
+    set_ = {k: v for k, v in by_flag.items() if v is not None}
+    return config.build(DemoConfig, base=recipe, learner_cpus=args.learner_cpus, rollout_cpus=args.rollout_cpus, **set_)
 
 
 def replan(base: dict, bound: float, publish_every: int, path: Path) -> Path:
@@ -136,6 +150,9 @@ def base_plan(args: StalenessConfig, lat: str, init_store: Path, d: Path) -> dic
 def one_run(args: StalenessConfig, lat: str, name: str, seed: int, init_store: Path, plans: dict, d: Path) -> dict:
     bound, extra = SETTINGS[name]
     sync = bound is None
+    plan = plans[2.0 if sync else bound]
+    if isinstance(bound, float):  # the plan's window, whatever the recipe says
+        extra = {**extra, "learner.max_in_flight": json.loads(plan.read_text())["plan"]["max_in_flight"]}
     workdir = d / f"{name}-seed{seed}"
     cfg = demo_config(
         args,
@@ -148,7 +165,7 @@ def one_run(args: StalenessConfig, lat: str, name: str, seed: int, init_store: P
         tool_latency=lat,
         batch_records=args.batch_records,
         publish_every=args.publish_every,
-        plan=str(plans[2.0 if sync else bound]),
+        plan=str(plan),
         live="off",
         eval_seed=seed,
         **{"rollout.engine_seed": seed},
@@ -160,7 +177,7 @@ def one_run(args: StalenessConfig, lat: str, name: str, seed: int, init_store: P
 
 
 def run(args: StalenessConfig, results: dict, save) -> None:
-    work = Path(args.workdir)
+    work = Path(args.workdir) / args.env  # each environment its own warm start
     work.mkdir(parents=True, exist_ok=True)
     init_store = Path(args.init_policy) if args.init_policy else work / "init" / "policy-store"
     if not init_store.exists():  # one warm-started policy, the start of every run
@@ -184,9 +201,11 @@ def run(args: StalenessConfig, results: dict, save) -> None:
         if "plan" not in sweep:
             sweep["plan"] = base_plan(args, lat, init_store, d)
             save()
-        bounds = {b for b, _ in (SETTINGS[s] for s in args.settings) if b is not None} | {2.0}
+        bounds = {b for b, _ in (SETTINGS[s] for s in args.settings) if isinstance(b, float)} | {2.0}
         plans = {b: replan(sweep["plan"], b, args.publish_every, d / f"plan_bound{b:g}.json") for b in bounds}
-        sweep["plans"] = {f"{b:g}": json.loads(p.read_text())["plan"] for b, p in plans.items()}
+        plans["planner"] = d / "planner" / "plan.json"
+        key = {b: f"{b:g}" if isinstance(b, float) else b for b in plans}
+        sweep["plans"] = {key[b]: json.loads(p.read_text())["plan"] for b, p in plans.items()}
         done = {(r["setting"], r["seed"]) for r in sweep["runs"]}
         for seed in args.seeds:  # seed-major: a cut-short sweep has every setting at equal seeds
             for name in args.settings:
@@ -202,7 +221,8 @@ def main(argv=None) -> int:
     args = config.parse(StalenessConfig, argv, description=__doc__)
     out = Path(args.out or args.workdir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "staleness.json"
+    stem = "staleness" if args.env == "calculator" else f"staleness_{args.env}"
+    path = out / f"{stem}.json"
     results = json.loads(path.read_text()) if path.exists() else {"latencies": {}}
     results.update(machine=machine_info(), args=dataclasses.asdict(args))
     results.setdefault("load", []).append(loadavg())
@@ -217,7 +237,7 @@ def main(argv=None) -> int:
         results["load"].append(loadavg())
         results.setdefault("wall_s", []).append(round(time.monotonic() - t0, 1))
         save()
-    plot(results, args.thresholds, out / "staleness.png")
+    plot(results, args.thresholds, out / f"{stem}.png")
     print(f"machine {results['machine']}, load {results['load']}, {results['wall_s']} s")
     return 0
 

@@ -1,8 +1,13 @@
 """Where a long-running process's memory goes: the numbers that tell a leak's kind apart.
 
 `sample()` returns `mem/...` gauges for a telemetry row: resident size, glibc's heap (in
-use against free but kept: fragmentation looks like growth in RSS alone), Python's objects,
-JAX's live arrays and, with tracemalloc on, Python's traced allocations. With
+use against free but kept: fragmentation looks like growth in RSS alone), Python's memory
+blocks (objects), JAX's live arrays and, with tracemalloc on, Python's traced allocations.
+The gauges never walk `gc.get_objects()`: on CPython before 3.13 that list takes a reference
+to a tuple another thread is still building from a generator, and that thread's
+`tuple(...)` then raises SystemError (python/cpython#39117). On 2026-12-06 it failed a
+learner's Orbax checkpoint write, and the learner with it. The growth report below does
+walk it, so it runs only when asked for (diagnosis, never production). With
 `AGENTIC_RL_TRACEMALLOC=FRAMES` in the environment, `write_growth(path)` writes the
 allocation sites that grew most since the first sample, and the gc-tracked object types whose
 counts grew most (a growth in objects with flat bytes names its type here, not in the
@@ -66,7 +71,7 @@ def sample(extra: dict | None = None) -> dict:
     if (info := _mallinfo()) is not None:
         row["mem/heap_in_use_mb"] = round((info.uordblks + info.hblkhd) / MB, 1)
         row["mem/heap_free_kept_mb"] = round(info.fordblks / MB, 1)
-    row["mem/gc_objects"] = len(gc.get_objects())
+    row["mem/py_blocks"] = sys.getallocatedblocks()  # objects and their buffers, no object exposed
     if "jax" in sys.modules:  # never imports JAX itself
         arrays = sys.modules["jax"].live_arrays()
         row["mem/jax_live_arrays"] = len(arrays)
