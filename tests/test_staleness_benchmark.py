@@ -81,3 +81,17 @@ def test_the_table_gives_each_seeds_time_as_a_share_of_the_same_seeds_sync_time(
     assert "25 [25-25], 1 of 2 not reached" in at_half and "0.50" in at_half
     # 0.6: seed 0 after 60 s against sync's 100 s; sync seed 1 never reached it: no ratio.
     assert "60 [60-60], 1 of 2 not reached" in at_six and "0.60" in at_six
+
+
+def test_each_run_starts_from_the_environments_recipe_and_the_sweeps_settings_win():
+    from core import config
+
+    args = config.parse(staleness.StalenessConfig, ["--env=guess", "--demo_flags=--learner.lr_decay=0"])
+    recipe = staleness.demo_config(args, batch_records=None, warmstart_steps=None)
+    assert recipe.env.name == "guess" and recipe.batch_records == 8 and recipe.warmstart.steps == 600
+    in_flight, lr_decay = ("learner", "credits", "max_in_flight"), ("learner", "learner", "lr_decay")
+    assert config.get(recipe, in_flight) == 136 and config.get(recipe, lr_decay) == 0  # recipe, then --demo_flags
+    ours = staleness.demo_config(args, batch_records=4, **{"learner.max_in_flight": 312})
+    assert ours.batch_records == 4 and config.get(ours, in_flight) == 312
+    calculator = staleness.demo_config(config.parse(staleness.StalenessConfig, []), batch_records=None)
+    assert calculator.env.name == "calculator" and calculator.batch_records == 4
