@@ -80,6 +80,7 @@ class StalenessConfig:
     eval_n: int = knob(128, "held-out tasks per evaluated version")
     target: float = knob(0.9, "held-out sampled success whose time from v0 is reported (the demo's --target)")
     thresholds: tuple[float, ...] = knob((0.5, 0.6, 0.9), "held-out successes whose times the tables give")
+    window_s: float = knob(30.0, "the tables' second reading: the held-out curve averaged over this long", gt=0)
     warmstart_steps: int | None = knob(None, "for the one initial policy (unset: the recipe's)")
     init_policy: str | None = knob(None, "a policy store to start from (unset: warm start one)")
     learner_cpus: str = knob("0", "the learner's CPUs")
@@ -213,7 +214,7 @@ def run(args: StalenessConfig, results: dict, save) -> None:
                     continue
                 sweep["runs"].append(one_run(args, lat, name, seed, init_store, plans, d))
                 save()
-        print_tables(lat, sweep, args.thresholds)
+        print_tables(lat, sweep, args.thresholds, args.window_s)
 
 
 def main(argv=None) -> int:

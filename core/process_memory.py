@@ -118,12 +118,21 @@ def _new_containers(n: int) -> list[str]:
         shapes.setdefault(_shape(o), []).append(o)
     short = reprlib.Repr()
     short.maxother, short.maxstring = 80, 60
-    out = []
-    for shape, group in sorted(shapes.items(), key=lambda kv: -len(kv[1]))[:n]:
-        one = group[len(group) // 2]
-        held = [type(r).__qualname__ for r in gc.get_referrers(one) if r is not new and r is not group]
-        out.append(f"{len(group)} x {shape}: {short.repr(one)}  <- {held[:4]}")
-    return out
+    top = sorted(shapes.items(), key=lambda kv: -len(kv[1]))[:n]
+    ones = [group[len(group) // 2] for _, group in top]
+    # One walk of every object for all of them (get_referrers walks the whole heap per call).
+    own = {id(new), id(shapes), id(ones), *(id(group) for _, group in top)}
+    holders: dict[int, list[str]] = {id(one): [] for one in ones}
+    for r in gc.get_referrers(*ones):
+        if id(r) in own:
+            continue
+        for x in gc.get_referents(r):
+            if id(x) in holders:
+                holders[id(x)].append(type(r).__qualname__)
+    return [
+        f"{len(group)} x {shape}: {short.repr(one)}  <- {holders[id(one)][:4]}"
+        for (shape, group), one in zip(top, ones)
+    ]
 
 
 def _shape(o) -> str:

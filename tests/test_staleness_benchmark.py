@@ -60,6 +60,15 @@ def test_the_curve_at_a_time_is_the_newest_version_published_by_then():
     assert [report._held_at(held, t) for t in (0.0, 9.9, 10.0, 24.0, 99.0)] == [0.5, 0.5, 0.7, 0.7, 0.9]
 
 
+def test_the_averaged_crossing_is_not_won_by_one_lucky_evaluation():
+    # Scored every 2 s: one evaluation at 0.9 among 0.6s; a steady 0.9 only from 40 s.
+    often = [{"rl_s": float(t), "success": 0.9 if t == 10 or t >= 40 else 0.6} for t in range(0, 80, 2)]
+    assert report.first_at(often, 0.85)["rl_s"] == 10.0
+    assert 40 < report.averaged_at(often, 0.85, 10.0) <= 50  # the average of the last 10 s gets there after 40
+    assert report.averaged_at(often, 0.95, 10.0) is None
+    assert report.averaged_at([], 0.5, 10.0) is None
+
+
 def test_the_table_gives_each_seeds_time_as_a_share_of_the_same_seeds_sync_time(capsys):
     def held(*points):
         return [{"version": v, "rl_s": t, "success": x} for v, (t, x) in enumerate(points)]
