@@ -9,6 +9,7 @@ import tracemalloc
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import environments
 from core import process_memory
@@ -65,12 +66,25 @@ class _Grown:
     """A type the report must name among the objects that grew."""
 
 
+@pytest.fixture
+def walk_only_new_objects():
+    """The report walks every gc-tracked object, several times: in a test worker that has run
+    hundreds of tests that took 11 s. gc.freeze() moves what exists now out of the collector's
+    generations, so the walks see only what the test makes; unfreeze() puts it back."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _grow(store: list) -> None:
     store.append(bytearray(3 << 20))  # the line the report must name
     store.extend([_Grown()] for _ in range(5_000))
 
 
-def test_the_growth_report_names_the_line_that_grew(tmp_path, monkeypatch):
+def test_the_growth_report_names_the_line_that_grew(tmp_path, monkeypatch, walk_only_new_objects):
     monkeypatch.setenv("AGENTIC_RL_TRACEMALLOC", "3")
     monkeypatch.setattr(process_memory, "_FIRST", [])
     monkeypatch.setattr(process_memory, "_FIRST_TYPES", [])
@@ -124,7 +138,7 @@ def test_an_evaluation_leaves_no_reference_to_its_params_behind():
     assert counts[0] == counts[1] == counts[2], counts
 
 
-def test_the_types_alone_are_reported_without_tracing(tmp_path, monkeypatch):
+def test_the_types_alone_are_reported_without_tracing(tmp_path, monkeypatch, walk_only_new_objects):
     if tracemalloc.is_tracing():
         return  # another test left tracing on: this one is about the untraced path
     monkeypatch.setenv("AGENTIC_RL_GC_TYPES", "1")

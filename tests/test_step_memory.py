@@ -112,10 +112,14 @@ def test_a_rematerialised_step_equals_the_plain_step():
     ],
     ids=["ppo-token-mean", "seq-mean-kl", "gspo-seq-sum", "decoupled-tis"],
 )
-@pytest.mark.parametrize("micro", [2, 4, 8])
+@pytest.mark.parametrize("micro", [2, 8])  # the fewest and the most: 4 takes no path they do not
 def test_micro_batched_gradients_equal_the_whole_batchs(loss, micro):
-    whole = _grads(ComputeConfig(remat="off", micro_batches=1), loss)
-    _assert_same(_grads(ComputeConfig(remat="on", micro_batches=micro), loss), whole)
+    _assert_same(_grads(ComputeConfig(remat="on", micro_batches=micro), loss), _whole_batch_grads(loss))
+
+
+@functools.cache  # one per loss and worker: each micro-batch count compares with the same step
+def _whole_batch_grads(loss: losses.LossConfig):
+    return _grads(ComputeConfig(remat="off", micro_batches=1), loss)
 
 
 def test_micro_batches_must_divide_the_rows_and_auto_follows_remat():
