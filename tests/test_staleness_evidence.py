@@ -32,6 +32,13 @@ def test_every_recorded_sweep_names_its_threshold_and_bounds():
     # What the sweep measured at 2 s tools: bound 4 reached 0.9 first, then bound 2, then sync.
     bound, why = evidence.default_bound("fixed:2")
     assert bound == 4.0 and why.endswith("bound 2 57 s, sync 74 s; 2026-12-05, 2 vCPUs, docs/BENCHMARKS.md)")
+    # And at the demo's 0.5 s: bound 4 again (44 s; bound 2 50 s, sync 70 s).
+    bound, why = evidence.default_bound("fixed:0.5")
+    assert (
+        bound == 4.0
+        and "44 s from v0" in why
+        and why.endswith("bound 2 50 s, sync 70 s; 2026-12-06, 2 vCPUs, docs/BENCHMARKS.md)")
+    )
 
 
 def test_the_plan_prints_the_bound_it_used_and_why():
