@@ -93,8 +93,10 @@ def demo_config(args: StalenessConfig, **by_flag) -> DemoConfig:
     """The demo as `agentic-rl demo --env ENV DEMO_FLAGS` would run it, with `by_flag` on top
     (None: the recipe's value)."""
     recipe = parse_args([f"--env={args.env}", *args.demo_flags])
-    set_ = {k: v for k, v in by_flag.items() if v is not None}
-    return config.build(DemoConfig, base=recipe, learner_cpus=args.learner_cpus, rollout_cpus=args.rollout_cpus, **set_)
+    given = {k: v for k, v in by_flag.items() if v is not None}
+    return config.build(
+        DemoConfig, base=recipe, learner_cpus=args.learner_cpus, rollout_cpus=args.rollout_cpus, **given
+    )
 
 
 def replan(base: dict, bound: float, publish_every: int, path: Path) -> Path:
