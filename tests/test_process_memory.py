@@ -68,8 +68,8 @@ class _Grown:
 
 @pytest.fixture
 def walk_only_new_objects():
-    """The report walks every gc-tracked object, several times: in a test worker that has run
-    hundreds of tests that took 11 s. gc.freeze() moves what exists now out of the collector's
+    """The report walks every gc-tracked object, several times: 11 s in a test worker that had
+    run hundreds of tests. gc.freeze() moves what exists now out of the collector's
     generations, so the walks see only what the test makes; unfreeze() puts it back."""
     gc.collect()
     gc.freeze()
