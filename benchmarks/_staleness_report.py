@@ -96,27 +96,35 @@ def averaged_at(held: list[dict], threshold: float, window_s: float) -> float | 
     return None
 
 
-def _ratios(runs: list[dict], sync: dict[int, list[dict]], at) -> str:
+def _ratios(runs: list[dict], mine: list[float | None], sync: dict[int, list[dict]], at) -> str:
+    """Each run's time `mine` as a share of its seed's sync run's time (`at` of its curve)."""
     out = []
-    for r in runs:
-        mine, base = at(r["held_out"]), at(sync.get(r["seed"], []))
-        if mine is not None and base:
-            out.append(f"{mine / base:.2f}")
+    for r, t in zip(runs, mine):
+        base = at(sync.get(r["seed"], []))
+        if t is not None and base:
+            out.append(f"{t / base:.2f}")
     return ", ".join(out) or "-"
 
 
 def _times_row(name: str, runs: list[dict], sync: dict[int, list[dict]], threshold: float, window_s: float) -> list:
+    def first_s(held):
+        return (first_at(held, threshold) or {}).get("rl_s")
+
+    def averaged_s(held):
+        return averaged_at(held, threshold, window_s)
+
     hits = [first_at(r["held_out"], threshold) for r in runs]
-    averaged = [averaged_at(r["held_out"], threshold, window_s) for r in runs]
+    firsts = [h["rl_s"] if h else None for h in hits]
+    averaged = [averaged_s(r["held_out"]) for r in runs]
     return [
         threshold,
         name,
         len(runs),
-        _span([h["rl_s"] if h else None for h in hits]),
+        _span(firsts),
         _span([h["version"] if h else None for h in hits]),
-        _ratios(runs, sync, lambda held: (first_at(held, threshold) or {}).get("rl_s")),
+        _ratios(runs, firsts, sync, first_s),
         _span(averaged),
-        _ratios(runs, sync, lambda held: averaged_at(held, threshold, window_s)),
+        _ratios(runs, averaged, sync, averaged_s),
     ]
 
 
