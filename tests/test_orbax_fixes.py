@@ -7,6 +7,7 @@ import gc
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import tensorstore as ts
 from flax import nnx
 
@@ -15,6 +16,8 @@ from core.contracts.store import PolicyStore
 from core.policy.config import ModelConfig
 from core.policy.model import abstract_model, init_model, split_params
 from core.policy.versions import VersionLoader
+
+pytestmark = pytest.mark.usefixtures("walk_only_new_objects")  # the counts walk only what a test makes
 
 
 def _live(shaped) -> int:

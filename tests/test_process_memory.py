@@ -9,7 +9,6 @@ import tracemalloc
 
 import jax
 import jax.numpy as jnp
-import pytest
 
 import environments
 from core import process_memory
@@ -64,19 +63,6 @@ def test_the_gauges_never_break_a_tuple_another_thread_is_building():
 
 class _Grown:
     """A type the report must name among the objects that grew."""
-
-
-@pytest.fixture
-def walk_only_new_objects():
-    """The report walks every gc-tracked object, several times: 11 s in a test worker that had
-    run hundreds of tests. gc.freeze() moves what exists now out of the collector's
-    generations, so the walks see only what the test makes; unfreeze() puts it back."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _grow(store: list) -> None:

@@ -31,6 +31,11 @@ def _processes(cfg: DemoConfig, tmp_path) -> dict:
     return {name: config.parse(type(tree), config.to_argv(tree)) for name, tree in trees.items()}
 
 
+@pytest.fixture(scope="module")
+def default_processes(tmp_path_factory) -> dict:
+    return _processes(parse_args([]), tmp_path_factory.mktemp("default"))
+
+
 @pytest.mark.parametrize(
     "argv, reads",
     [
@@ -51,8 +56,8 @@ def _processes(cfg: DemoConfig, tmp_path) -> dict:
         (["--no-filter_zero_signal"], lambda p: (p["rollout"].packing.filter_zero_signal,)),
     ],
 )
-def test_one_flag_reaches_every_process_that_holds_its_section(argv, reads, tmp_path):
-    default, given = reads(_processes(parse_args([]), tmp_path)), reads(_processes(parse_args(argv), tmp_path))
+def test_one_flag_reaches_every_process_that_holds_its_section(argv, reads, tmp_path, default_processes):
+    default, given = reads(default_processes), reads(_processes(parse_args(argv), tmp_path))
     assert len(set(map(repr, given))) == 1  # every process holds the same value
     assert given != default  # and it is the flag's, not the default
 
