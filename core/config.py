@@ -204,11 +204,15 @@ def _forwarded(cls) -> dict[str, frozenset[str]]:
     return {name: frozenset(fields) for name, fields in out.items()}
 
 
+def forwarded(holder, name: str) -> dict[str, Any]:
+    """The holder's run-wide values (`knob(to=...)`) for the process `name`, by field."""
+    return {field: getattr(holder, field) for field in sorted(_forwarded(type(holder)).get(name, frozenset()))}
+
+
 def launched(holder, name: str):
     """Section `name` of `holder` with the holder's run-wide values (`knob(to=...)`) set in
     it: the tree of the process the holder launches, before the holder wires it."""
-    fields = _forwarded(type(holder)).get(name, frozenset())
-    return replace(getattr(holder, name), **{field: getattr(holder, field) for field in sorted(fields)})
+    return replace(getattr(holder, name), **forwarded(holder, name))
 
 
 def add_arguments(parser, cls, prefix: str = "", base=None) -> list[Leaf]:

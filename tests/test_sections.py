@@ -13,6 +13,7 @@ from core.config import configclass, knob, section
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs
 from localstack.launch import demo
 from localstack.launch.demo_config import DemoConfig, parse_args
+from localstack.launch.plan import PlanConfig
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
@@ -85,13 +86,20 @@ def test_a_run_wide_value_is_set_in_each_process_named_and_is_no_flag_there():
     flags = {leaf.flag for leaf in config.leaves(DemoConfig)}
     forwarded = {f.name: f.metadata["to"] for f in dataclasses.fields(DemoConfig) if "to" in f.metadata}
     assert {"max_steps", "batch_records", "timeout_s", "policy_poll_s", "filter_zero_signal"} <= set(forwarded)
+    assert {"batch_records", "max_wait_s", "target_duty", "rollout_rate"} <= {
+        f for f, to in forwarded.items() if "planner" in to
+    }
     prefixes = {"learner": "learner.", "rollout": "rollout.", "evaluator": "eval_"}
+    given = DemoConfig(batch_records=3, max_wait_s=2.5, target_duty=0.5, rollout_rate=7.0, group_size=4)
     for name, sections in forwarded.items():
         assert name in flags
         for section_name in sections:
-            assert prefixes[section_name] + name not in flags  # the demo's flag, not the process's
-            tree = config.launched(DemoConfig(), section_name)
-            assert config.get(tree, _path(tree, name)) == getattr(DemoConfig(), name)
+            if section_name == "planner":  # no tree in the demo's: the demo builds one from these
+                tree = config.build(PlanConfig, **config.forwarded(given, "planner"))
+            else:
+                assert prefixes[section_name] + name not in flags  # the demo's flag, not the process's
+                tree = config.launched(given, section_name)
+            assert config.get(tree, _path(tree, name)) == getattr(given, name)
 
 
 def _path(tree, flag: str) -> tuple[str, ...]:

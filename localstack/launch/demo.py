@@ -110,16 +110,7 @@ def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
         return None
     path = Path(cfg.plan) if cfg.plan != "auto" else workdir / "plan.json"
     if cfg.plan == "auto":
-        plan_cfg = config.build(
-            PlanConfig,
-            batch_records=cfg.batch_records,
-            group_size=cfg.group_size,
-            publish_every=cfg.publish_every,
-            target_duty=cfg.target_duty,
-            max_wait_s=cfg.max_wait_s,
-            rollout_rate=cfg.rollout_rate,
-            out=str(path),
-        )
+        plan_cfg = config.build(PlanConfig, **config.forwarded(cfg, "planner"), out=str(path))
         # The sections the planner's measurement shares with the run (the learner's step memory too).
         plan_cfg = dataclasses.replace(
             plan_cfg,

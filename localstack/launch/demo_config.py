@@ -28,7 +28,9 @@ from trainer.learning.warmstart import WarmStartConfig
 
 SET_BY_DEMO = "set-by-the-demo"  # placeholder for a field the demo fills in at launch
 
-LEARNER, ROLLOUT = ("learner",), ("rollout",)  # where a run-wide value is set (`knob(to=...)`)
+# Where a run-wide value is set (`knob(to=...)`): a process tree the demo holds, or the
+# planner, whose tree the demo builds from these values and the shared sections alone.
+LEARNER, ROLLOUT, PLANNER = "learner", "rollout", "planner"
 # The evaluator's settings that follow from others: the learner's task seed (one seed builds
 # both splits, disjoint), the run's deadline and the layout's trajectory length.
 EVALUATOR_DERIVED = ("task_seed", "timeout_s", "max_tokens")
@@ -65,21 +67,25 @@ class DemoConfig:
     workdir: str | None = knob(None, "logs, policy store and summary (unset: a temp dir)")
     # Run-wide values: the demo reads them too (progress, deadline, accounting), and `to`
     # sets each in the named processes' trees, which offer no flag of their own for it.
-    max_steps: int = knob(40, "learner steps", to=LEARNER)
-    publish_every: int = knob(2, "learner steps per policy version", to=LEARNER)
-    batch_records: int = knob(4, "records per learner step (up to 16 episodes each)", to=LEARNER)
-    group_size: int = knob(8, "episodes per prompt (GRPO group)", to=LEARNER)
+    max_steps: int = knob(40, "learner steps", to=(LEARNER,))
+    publish_every: int = knob(2, "learner steps per policy version", to=(LEARNER, PLANNER))
+    batch_records: int = knob(4, "records per learner step (up to 16 episodes each)", to=(LEARNER, PLANNER))
+    group_size: int = knob(8, "episodes per prompt (GRPO group)", to=(LEARNER, PLANNER))
     filter_zero_signal: bool = knob(
         True,
         "drop groups whose rewards are all equal (they carry no gradient, only dilute it); "
         "--no-filter_zero_signal trains on them too",
-        to=ROLLOUT,
+        to=(ROLLOUT,),
     )
-    sync: bool = knob(False, "the synchronous baseline: one round of rollouts per policy version", to=LEARNER)
-    timeout_s: float = knob(900.0, "the learner gives up after this long", to=LEARNER)
-    policy_poll_s: float = knob(0.5, "how often rollout workers look for a new policy version", to=ROLLOUT)
-    max_wait_s: float = knob(1.0, "a partly filled record is flushed after this long (planner and packer)", to=ROLLOUT)
-    init_policy: str | None = knob(None, "start RL from this policy store's newest version (no warm start)", to=LEARNER)
+    sync: bool = knob(False, "the synchronous baseline: one round of rollouts per policy version", to=(LEARNER,))
+    timeout_s: float = knob(900.0, "the learner gives up after this long", to=(LEARNER,))
+    policy_poll_s: float = knob(0.5, "how often rollout workers look for a new policy version", to=(ROLLOUT,))
+    max_wait_s: float = knob(
+        1.0, "a partly filled record is flushed after this long (planner and packer)", to=(ROLLOUT, PLANNER)
+    )
+    init_policy: str | None = knob(
+        None, "start RL from this policy store's newest version (no warm start)", to=(LEARNER,)
+    )
     resume: bool = knob(False, "continue from the learner checkpoint a previous run left in --workdir")
     max_restarts: int = knob(3, "times a dead rollout job, and a dead Pub/Sub emulator, is started again", ge=0)
     target: float = knob(0.9, "held-out success the summary reports reaching")
@@ -88,8 +94,8 @@ class DemoConfig:
         "auto: run the planner first and use its credits, staleness bound and engine slots; "
         "a plan JSON to use; off: the processes' own settings",
     )
-    target_duty: float = knob(0.95, "the learner duty cycle the plan aims at")
-    rollout_rate: float | None = knob(None, "for the plan: the measured rollout ceiling, trajectories/s")
+    target_duty: float = knob(0.95, "the learner duty cycle the plan aims at", to=(PLANNER,))
+    rollout_rate: float | None = knob(None, "for the plan: the measured rollout ceiling, trajectories/s", to=(PLANNER,))
     learner_processes: int = knob(
         1,
         "JAX processes of the learner, joined as on Vertex AI (CLUSTER_SPEC on localhost, gloo collectives)",
