@@ -3,12 +3,14 @@ project's inference engine or transformers' `generate` on the same prompts.
 
     python benchmarks/_real_model_engine.py --impl jax|torch --model DIR --slots 64
         [--prompt_len 64] [--new_tokens 64] [--dtype float32|bfloat16] [--groups G]
+        [--decode_steps K]
 
 Every slot busy: `slots` sequences of `prompt_len` random prompt tokens each, each sampling
 exactly `new_tokens` tokens at temperature 1 over the whole vocabulary (no eos stop).
 JAX: rollout.engine.InferenceEngine on a core.policy.sampling.Sampler of `slots` slots and
 a cache of prompt_len + new_tokens, after its warm-up compile; `--groups G`: the sequences
-come in G groups that share their prompt (a GRPO group), as the rollout side runs them.
+come in G groups that share their prompt (a GRPO group), as the rollout side runs them;
+`--decode_steps K`: decode steps per device call (the rollout's --engine_decode_steps; 0: auto).
 PyTorch: LlamaForCausalLM.generate(do_sample=True, top_k=0) at batch `slots`, one thread.
 Prints one JSON line: wall seconds for all of it (prefill included), generated tokens/s,
 sequences/s, peak RSS.
@@ -43,25 +45,38 @@ def run_jax(args, ids: np.ndarray) -> float:
     from core.policy.hf_weights import load_checkpoint
     from core.policy.model import split_params
     from core.policy.sampling import Sampler
-    from rollout.engine import InferenceEngine, Sequence
+    from rollout.engine import InferenceEngine
 
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     cfg, model = load_checkpoint(args.model, dtype=dtype)
     _, params = split_params(model)
     length = args.prompt_len + args.new_tokens
     sampler = Sampler(
-        cfg, slots=args.slots, length=length, prefill=args.prefill, prefill_slots=args.prefill_slots, dtype=dtype
+        cfg,
+        slots=args.slots,
+        length=length,
+        prefill=args.prefill,
+        prefill_slots=args.prefill_slots,
+        dtype=dtype,
+        decode_steps=args.decode_steps,
     )
     sampler.warmup(params)
-    engine = InferenceEngine(sampler, lambda: (params, 0))
+    args.decode_steps = sampler.decode_steps  # reported as resolved (0: auto)
+    return generate_all(InferenceEngine(sampler, lambda: (params, 0)), ids, args.new_tokens)
+
+
+def generate_all(engine, prompts, new_tokens: int) -> float:
+    """Seconds for the engine to sample exactly `new_tokens` after each prompt, all of them
+    concurrent (one sequence per row of `prompts`, no stop)."""
+    from rollout.engine import Sequence
 
     async def one(row):
         seq = Sequence.start([int(t) for t in row])
-        await engine.generate(seq, args.new_tokens, lambda _g: False)
+        await engine.generate(seq, new_tokens, lambda _g: False)
         engine.release(seq)
 
     async def all_of_them():
-        await asyncio.gather(*(one(row) for row in ids))
+        await asyncio.gather(*(one(row) for row in prompts))
 
     t0 = time.perf_counter()
     asyncio.run(all_of_them())
@@ -99,6 +114,7 @@ def main() -> int:
     p.add_argument("--groups", type=int, default=0, help="sequences share their prompt in this many groups")
     p.add_argument("--prefill", type=int, default=64)
     p.add_argument("--prefill_slots", type=int, default=8)
+    p.add_argument("--decode_steps", type=int, default=0, help="0: auto (1 on a CPU), as the rollout worker")
     args = p.parse_args()
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
@@ -114,6 +130,7 @@ def main() -> int:
                 "groups": args.groups,
                 "prompt_len": args.prompt_len,
                 "new_tokens": args.new_tokens,
+                "decode_steps": args.decode_steps,
                 "wall_s": wall,
                 "tokens_per_s": generated / wall,
                 "sequences_per_s": args.slots / wall,

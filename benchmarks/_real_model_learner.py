@@ -6,7 +6,7 @@ is per process): this project's learner step or a PyTorch step on the same token
 
 Prints one JSON line: impl, shape, step seconds (median of --steps after a first, compiling
 step), trained tokens/s (non-padding tokens of the batch per step), peak RSS (the process's
-whole life: loading, compiling, stepping) and the compiled step's FLOPs (JAX only).
+whole life: loading, compiling, stepping) and the step's model FLOPs (JAX only: 6 N a token plus causal attention).
 
 The tokens: R rows of T, each row S segments of T // S tokens (S = 1: one sequence per row),
 random ids from seed 0, the loss on the last two thirds of each segment, advantages +-1.
@@ -46,6 +46,23 @@ def batch(rows: int, seq_len: int, segments: int, vocab: int) -> dict:
     return out
 
 
+def packed_record(data: dict):
+    """`batch`'s arrays as the one PackedRecord a learner step takes."""
+    from core.contracts.records import PackedRecord
+
+    return PackedRecord(
+        record_id="bench",
+        tokens=data["tokens"],
+        segment_ids=data["segment_ids"],
+        positions=data["positions"],
+        loss_mask=data["loss_mask"].astype(np.uint8),
+        behaviour_logprobs=data["behaviour_logprobs"],
+        advantages=data["advantages"],
+        policy_versions=np.zeros_like(data["tokens"]),
+        trajectories=[],
+    )
+
+
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
@@ -64,7 +81,6 @@ def timed(step, steps: int) -> tuple[float, float]:
 
 def run_jax(args, data) -> dict:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from core.contracts.records import PackedRecord
     from core.policy.hf_weights import load_checkpoint
     from core.policy.lora import LoraConfig
     from trainer.learning.step.gradients import ComputeConfig
@@ -76,25 +92,15 @@ def run_jax(args, data) -> dict:
     span = args.seq_len // args.segments
     learner = Learner(cfg, lcfg, model=model, span=span)
     del model
-    record = PackedRecord(
-        record_id="bench",
-        tokens=data["tokens"],
-        segment_ids=data["segment_ids"],
-        positions=data["positions"],
-        loss_mask=data["loss_mask"].astype(np.uint8),
-        behaviour_logprobs=data["behaviour_logprobs"],
-        advantages=data["advantages"],
-        policy_versions=np.zeros_like(data["tokens"]),
-        trajectories=[],
-    )
+    record = packed_record(data)
     first, step_s = timed(lambda: learner.train_step([record]), args.steps)
-    shape = (args.rows, args.seq_len)
+    layout = learner.layouts[(args.rows, args.seq_len)]
     return {
         "first_step_s": first,
         "step_s": step_s,
-        "flops": learner._flops.get(shape, 0.0),
-        "remat": learner.remat,
-        "micro_batches": lcfg.compute.micro_batches_for(*shape, learner.remat),
+        "flops": learner.step_flops([record]),  # model FLOPs (core/policy/flops.py)
+        "remat": layout.remat,
+        "micro_batches": layout.micro_batches,
     }
 
 

@@ -12,8 +12,8 @@ One command, one run, one pinned core (--cpu), every measurement in a process of
 2. learner: trained tokens/s and peak RSS of one step, full fine-tuning and LoRA rank 8,
    at 1 x 256, 1 x 1024 and the demo's layout for this model (4 rows of 1,152 with 3
    trajectories each), against a PyTorch step (LlamaForCausalLM + AdamW) on the same tokens.
-3. mfu: the learner's FLOPs (XLA's cost analysis) per second against this core's measured
-   float32 matmul peak.
+3. mfu: the learner's model FLOPs (core/policy/flops.py) per second against this core's
+   measured float32 matmul peak.
 4. precision: bfloat16 weights and activations against float32: the log-prob difference
    of a forward pass, and the engine's and learner step's speed.
 Results: tables on stdout, JSON in --out (default docs/results/real_model.json).
@@ -131,11 +131,11 @@ def bench_mfu(learner: dict, cpu: str) -> dict:
         achieved = ours["flops"] / ours["step_s"] / 1e9
         rows.append([ours["lora_rank"] or "full", f"{ours['rows']} x {ours['seq_len']}", achieved, achieved / peak])
     print_table(
-        f"3. Model FLOPs utilisation: XLA's FLOPs per step / step time, against this core's f32 matmul peak "
+        f"3. Model FLOPs utilisation: model FLOPs per step / step time, against this core's f32 matmul peak "
         f"{peak:.0f} GFLOP/s",
         ["LoRA", "tokens", "GFLOP/s", "MFU"],
         rows,
-        note="FLOPs include the recomputed forward where remat is on",
+        note="model FLOPs: 6 N a trained token (LoRA: 4 N) plus causal attention; remat's recompute is not counted",
     )
     return {"peak_gflops": peak, "rows": rows}
 

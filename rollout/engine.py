@@ -2,14 +2,20 @@
 
 Episodes are coroutines. Each turn, an episode calls `await engine.generate(seq, ...)`;
 the engine gives it a KV-cache slot, catches the slot up on tokens the cache has not
-seen (prompt, environment output) in chunks, then decodes one token per step until the
-turn ends, and frees the slot. While an episode waits on its tool, its slot decodes for
-others. A freed slot remembers whose tokens it caches, so an episode that comes back to
-an untouched slot only feeds what is new; one that lost its slot re-feeds its history.
+seen (prompt, environment output) in chunks, then decodes until the turn ends, and frees
+the slot. While an episode waits on its tool, its slot decodes for others. A freed slot
+remembers whose tokens it caches, so an episode that comes back to an untouched slot only
+feeds what is new; one that lost its slot re-feeds its history.
 
-All slots advance together in one fixed-shape call per step, so nothing recompiles. The
-policy can be swapped between steps (`policy_source`); each token records the version
-that sampled it.
+All slots advance together in fixed-shape calls, so nothing recompiles. A decode call
+runs up to the sampler's `decode_steps` (K) tokens per slot on the device, and ends early
+once any slot ends its turn (its budget, or a stop sequence of the chat format), so the
+host can hand its slot out; new episodes wait for the call, at most K steps. While some
+slot still catches up, a decode call runs one step, so prompts are not held back. The
+host stays the judge of a turn's end: it takes the tokens one by one with the episode's
+own `stop()` and drops what a slot sampled past it (counted: `surplus_tokens`). The policy
+can be swapped between calls (`policy_source`); each token records the version that
+sampled it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from core.policy import decode_loop
 from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.sampling import Sampler
 from core.policy.tokenizer import BYTE_TOKENIZER
@@ -76,7 +83,10 @@ class InferenceEngine:
         self.sampler = sampler
         # How episodes on this engine turn text into the model's tokens and back: the model's.
         self.chat_format = chat_format or chat_format_for(BYTE_TOKENIZER)
+        # Where the device may end a turn whose stop() is the format's (the host re-checks).
+        self._stops = tuple(tuple(s) for s in self.chat_format.stop_sequences())
         self.policy_source = policy_source  # () -> (params, version); cheap, called every step
+        self._placed: tuple = (None, None)  # (params as the source gave them, sampler.place of them)
         self.max_tokens = min(max_tokens or sampler.length, sampler.length)
         self._owner: list[Sequence | None] = [None] * sampler.slots
         self._free: list[int] = list(range(sampler.slots))
@@ -98,6 +108,10 @@ class InferenceEngine:
             "busy_s": 0.0,
             "slot_steps": 0,
             "shared_prompt_tokens": 0,  # prompt tokens copied from a leader instead of fed
+            "decode_calls": 0,  # device calls that decode (tokens per call: decode_tokens / decode_calls)
+            "decode_device_steps": 0,  # decode steps those calls ran (at most K each)
+            "decode_tokens": 0,  # tokens they sampled for slots, surplus included
+            "surplus_tokens": 0,  # of those, sampled past a turn's end (the host's stop()) and dropped
         }
 
     async def generate(self, seq: Sequence, max_new: int, stop: Callable[[list[int]], bool]) -> int:
@@ -195,33 +209,48 @@ class InferenceEngine:
         return None
 
     async def _run(self) -> None:
-        while True:
-            self._admit()
-            if not self._active:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            try:
-                self._step()
-            except Exception as e:
-                for slot, job in list(self._active.items()):
-                    self._finish(slot, job, error=e)
-            await asyncio.sleep(0)  # let environments and new episodes run
+        try:
+            while True:
+                self._admit()
+                if not self._active:
+                    self._placed = (None, None)  # idle: pin no version
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                try:
+                    self._step()
+                except Exception as e:
+                    for slot, job in list(self._active.items()):
+                        self._finish(slot, job, error=e)
+                await asyncio.sleep(0)  # let environments and new episodes run
+        finally:
+            # Cancelled with its event loop: the task and the engine form a cycle that would
+            # pin the params until a full gc pass (the evaluator's next version beside them).
+            self._placed = (None, None)
+
+    def _params(self):
+        """(placed params, version): put on the device and flattened once per version."""
+        params, version = self.policy_source()
+        if params is not self._placed[0]:
+            self._placed = (params, self.sampler.place(params))
+        return self._placed[1], version
 
     def _step(self) -> None:
         """One engine step: a catch-up call for up to `prefill_slots` slots with input
-        (prompt, observation), then one decode call for every slot waiting on one token.
-        A slot never gets both in one step, and slots without input cost nothing in the
+        (prompt, observation), then one decode call for every slot waiting on one token,
+        those whose catch-up just ended included. Slots without input cost nothing in the
         catch-up call."""
         t0 = time.perf_counter()
-        params, version = self.policy_source()
+        params, version = self._params()
         pending = {s: len(j.seq.tokens) - j.seq.cached for s, j in self._active.items()}
         fill = [s for s, p in pending.items() if p > 1][: self.sampler.prefill_slots]  # admission order
-        decode = [s for s, p in pending.items() if p == 1]
         if fill:
             self._take(self._catch_up(params, fill, pending), version)
+        decode = [s for s, j in self._active.items() if len(j.seq.tokens) - j.seq.cached == 1]
         if decode:
-            self._take(self._decode(params, decode), version)
+            # Others still catching up: one step, or their input would wait K steps.
+            steps = self.sampler.decode_steps if len(decode) == len(self._active) else 1
+            self._decode(params, decode, steps, version)
         self.stats["steps"] += 1
         self.stats["prefill_steps"] += bool(fill)
         self.stats["busy_s"] += time.perf_counter() - t0
@@ -249,39 +278,74 @@ class InferenceEngine:
         self.stats["slot_steps"] += k
         return {s: (int(nxt[i]), float(logp[i]), int(n_valid[i])) for i, s in enumerate(fill)}
 
-    def _decode(self, params, decode: list[int]) -> dict:
-        n = self.sampler.slots
-        tokens, start, n_valid = np.zeros((n, 1), np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
+    def _decode(self, params, decode: list[int], steps: int, version: int) -> None:
+        """Up to `steps` tokens for every slot in `decode` in one device call (`step` when
+        the sampler runs one step a call), taken as they come until a turn ends."""
+        sampler, n, width = self.sampler, self.sampler.slots, decode_loop.STOP_LEN
+        tokens, start, budget = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
+        use_stops, recent = np.zeros(n, bool), np.full((n, width), -1, np.int32)
         for s in range(n):
             start[s] = self._start(s)
         for s in decode:
-            seq = self._active[s].seq
-            tokens[s, 0], n_valid[s] = seq.tokens[seq.cached], 1
-        nxt, logp = self.sampler.step(params, tokens, start, n_valid)
-        self.stats["fed_tokens"] += len(decode)
-        self.stats["slot_steps"] += n
-        return {s: (int(nxt[s]), float(logp[s]), 1) for s in decode}
-
-    def _take(self, results: dict, version: int) -> None:
-        """Each fed slot's cache advanced; one whose sequence is caught up gets its token."""
-        for s, (token, logp, fed) in results.items():
             job = self._active[s]
             seq = job.seq
+            tokens[s] = seq.tokens[seq.cached]
+            budget[s] = max(1, min(job.max_new - job.new, self.max_tokens - len(seq.tokens), steps))
+            if budget[s] > 1 and job.stop == self.chat_format.is_turn_end:
+                use_stops[s] = True
+                tail = seq.tokens[len(seq.tokens) - min(job.new, width) :]
+                recent[s, width - len(tail) :] = tail
+        if sampler.decode_steps == 1:
+            nxt, logp = sampler.step(params, tokens[:, None], start, budget)
+            ids, logps, counts = nxt[:, None], logp[:, None], budget
+        else:
+            ids, logps, counts = sampler.decode_loop(
+                params, tokens, start, budget, stop_sequences=self._stops, use_stops=use_stops, recent=recent
+            )
+        self.stats["decode_calls"] += 1
+        self.stats["decode_device_steps"] += int(counts.max())
+        self.stats["decode_tokens"] += int(counts.sum())
+        self.stats["fed_tokens"] += int(counts.sum())
+        self.stats["slot_steps"] += n * int(counts.max())
+        for s in decode:
+            self._take_decoded(s, ids[s, : counts[s]], logps[s, : counts[s]], version)
+
+    def _take(self, results: dict, version: int) -> None:
+        """Each caught-up slot's cache advanced; one whose sequence is caught up gets its token."""
+        for s, (token, logp, fed) in results.items():
+            seq = self._active[s].seq
             seq.cached += fed
             if seq.cached < len(seq.tokens):
                 continue  # still catching up
-            seq.tokens.append(token)
-            seq.loss_mask.append(1)
-            seq.logprobs.append(logp)
-            seq.versions.append(version)
-            job.new += 1
-            self.stats["generated_tokens"] += 1
-            if (
-                job.new >= job.max_new
-                or len(seq.tokens) >= self.max_tokens
-                or job.stop(seq.tokens[len(seq.tokens) - job.new :])
-            ):
-                self._finish(s, job)
+            self._append(s, int(token), float(logp), version)
+
+    def _take_decoded(self, s: int, ids, logps, version: int) -> None:
+        """A slot's decoded tokens, each fed after the one before: taken until its turn ends."""
+        seq = self._active[s].seq
+        for i, (token, logp) in enumerate(zip(ids.tolist(), logps.tolist())):
+            seq.cached += 1
+            if self._append(s, token, logp, version):
+                self.stats["surplus_tokens"] += len(ids) - i - 1  # junk past `cached`, overwritten later
+                return
+
+    def _append(self, s: int, token: int, logp: float, version: int) -> bool:
+        """Appends slot s's sampled token; True when that ended the turn (the slot is freed)."""
+        job = self._active[s]
+        seq = job.seq
+        seq.tokens.append(token)
+        seq.loss_mask.append(1)
+        seq.logprobs.append(logp)
+        seq.versions.append(version)
+        job.new += 1
+        self.stats["generated_tokens"] += 1
+        if (
+            job.new >= job.max_new
+            or len(seq.tokens) >= self.max_tokens
+            or job.stop(seq.tokens[len(seq.tokens) - job.new :])
+        ):
+            self._finish(s, job)
+            return True
+        return False
 
     def _finish(self, slot: int, job: _Job, error: Exception | None = None) -> None:
         del self._active[slot]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from core.config import configclass, derived, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
+from core.policy.sampling import ACCELERATOR_DECODE_STEPS, DTYPES
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from core.sections import ModelChoice, TelemetryDirs, TurnBudget
 from rollout.episodes import EpisodeLimits
@@ -41,6 +42,22 @@ class EngineConfig:
         "every slot would cost every slot the chunk's width whenever one episode has input)",
         flag="engine_prefill_slots",
         ge=1,
+    )
+    decode_steps: int = knob(
+        0,
+        "decode steps one engine call runs on the device per slot, fed back without the host; it "
+        "returns early once a turn ends, and bounds how long a new episode waits to be admitted "
+        "(0: auto, 1 on a CPU, where the device loop is slower than one step a call, "
+        f"{ACCELERATOR_DECODE_STEPS} on an accelerator, where a host round trip per token costs most of a step)",
+        flag="engine_decode_steps",
+        ge=0,
+    )
+    dtype: str = knob(
+        "auto",
+        "the served params' and KV cache's dtype (auto: bfloat16 on an accelerator, float32 on a CPU, "
+        "whose bfloat16 matmuls are slower)",
+        flag="engine_dtype",
+        choices=DTYPES,
     )
     seed: int = knob(
         0,

@@ -34,7 +34,7 @@ from core.config import configclass, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.store import PolicyStore, StoreError
 from core.policy.chat_format import chat_format_for
-from core.policy.sampling import Sampler
+from core.policy.sampling import DTYPES, Sampler, cast_params, serving_dtype
 from core.policy.sources import policy_spec
 from core.policy.versions import VersionLoader, base_params
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs, TurnBudget
@@ -69,6 +69,12 @@ class EvaluatorConfig:
     slots: int = knob(64, "episodes decoded at once", ge=1)
     prefill: int = knob(32, "tokens each slot is fed per catch-up step (prompts, observations)", ge=1)
     prefill_slots: int = knob(8, "slots fed a catch-up chunk per engine step (the others with input wait)", ge=1)
+    decode_steps: int = knob(
+        0, "decode steps per device call, as the rollout's --engine_decode_steps (0: auto, 1 on a CPU)", ge=0
+    )
+    dtype: str = knob(
+        "auto", "params and KV cache dtype (auto: bfloat16 on an accelerator, float32 on a CPU)", choices=DTYPES
+    )
     episode_timeout_s: float = knob(
         120.0, "an episode longer than this (wall clock) ends as timeout: raise it for a slow model on many slots"
     )
@@ -147,8 +153,16 @@ def _run(args, writer, tracer) -> list[dict]:
     # No more slots than tasks: each slot is a KV cache of max_tokens (0.66 GB per 32 slots
     # of 448 tokens at SmolLM2's size), and a slot without a task only costs memory.
     slots = min(args.slots, len(tasks))
+    dtype = serving_dtype(args.dtype)
     sampler = Sampler(
-        spec.cfg, slots, args.max_tokens, args.prefill, args.seed, prefill_slots=min(args.prefill_slots, slots)
+        spec.cfg,
+        slots,
+        args.max_tokens,
+        args.prefill,
+        args.seed,
+        prefill_slots=min(args.prefill_slots, slots),
+        dtype=dtype,
+        decode_steps=args.decode_steps,
     )
     store, fmt = PolicyStore(args.policy_root), chat_format_for(spec.tokenizer)
     loader = VersionLoader(store, spec.cfg, sampler.abstract_params, base_params(spec.checkpoint))
@@ -180,6 +194,7 @@ def _run(args, writer, tracer) -> list[dict]:
         try:
             with tracer.span("load policy", "evaluator", version=version):
                 params, meta = loader.load(version)
+                params = cast_params(params, dtype)  # once per version, as the engine serves it
         except StoreError as e:  # gc'ed meanwhile, or being written: try the next poll
             log.warning("cannot load version %d: %s", version, e)
             time.sleep(args.poll_s)

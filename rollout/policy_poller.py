@@ -17,6 +17,7 @@ import time
 from flax import nnx
 
 from core.contracts.store import ChecksumError, PolicyStore, StoreError
+from core.policy.sampling import cast_params
 from core.policy.versions import VersionLoader
 from core.telemetry import trace
 
@@ -32,10 +33,13 @@ class PolicyHandle:
         tracer=trace.NULL,
         loader: VersionLoader | None = None,
         clock=time.monotonic,
+        dtype=None,
     ):
         """loader: how a version becomes params (a LoRA adapter is merged into the base);
-        default: whole-model versions of the template's shapes."""
+        default: whole-model versions of the template's shapes. dtype: what the engine serves
+        them in, cast once per version as it is loaded (None: as loaded)."""
         self.store, self.tracer = store, tracer
+        self.dtype = dtype
         self.poll_interval_s = poll_interval_s
         self._loader = loader or VersionLoader(store, None, template_params)
         self._clock = clock
@@ -83,6 +87,8 @@ class PolicyHandle:
                 return False
             with self.tracer.span("policy reload", "policy", version=latest):
                 state, _ = self._loader.load(latest)
+                if self.dtype is not None:
+                    state = cast_params(state, self.dtype)
         except StoreError as e:
             self.failed_loads += 1
             if isinstance(e, ChecksumError):

@@ -13,7 +13,7 @@ import time
 import environments
 from core.contracts.store import PolicyStore
 from core.policy.chat_format import chat_format_for
-from core.policy.sampling import Sampler
+from core.policy.sampling import Sampler, serving_dtype
 from core.policy.sources import policy_spec
 from core.policy.versions import VersionLoader, base_params
 from core.telemetry import trace
@@ -37,12 +37,22 @@ class RolloutWorker:
         self.groups_in_flight = self.episodes_in_flight = self.groups_queued = 0
         self._group_slots: asyncio.Semaphore | None = None  # made on the episodes' event loop
         spec = policy_spec(cfg.model.checkpoint, cfg.model.builtin)  # the learner's --model: same config and tokenizer
+        dtype = serving_dtype(cfg.dtype)  # the KV cache's, and each version's as loaded
         self.sampler = Sampler(
-            spec.cfg, cfg.slots, cfg.max_tokens, prefill=cfg.prefill, prefill_slots=cfg.prefill_slots, seed=cfg.seed
+            spec.cfg,
+            cfg.slots,
+            cfg.max_tokens,
+            prefill=cfg.prefill,
+            prefill_slots=cfg.prefill_slots,
+            seed=cfg.seed,
+            dtype=dtype,
+            decode_steps=cfg.decode_steps,
         )
         store = PolicyStore(cfg.policy_root)
         loader = VersionLoader(store, spec.cfg, self.sampler.abstract_params, base_params(spec.checkpoint))
-        self.policy = PolicyHandle(store, self.sampler.abstract_params, cfg.policy_poll_s, self.tracer, loader)
+        self.policy = PolicyHandle(
+            store, self.sampler.abstract_params, cfg.policy_poll_s, self.tracer, loader, dtype=dtype
+        )
         self.policy.wait_for_first(cfg.policy_wait_s)
         with self.tracer.span("compile", "worker"):
             self.sampler.warmup(self.policy.params)  # compile before the first episode
@@ -56,7 +66,10 @@ class RolloutWorker:
         )
         self.telemetry.source = self.gauges
         self.telemetry.start()
-        log.info("rollout worker ready: %d slots, policy version %d", cfg.slots, self.policy.version)
+        log.info(
+            "rollout worker ready: %d slots, %s, %d decode steps a call, policy version %d",
+            *(cfg.slots, dtype.name, self.sampler.decode_steps, self.policy.version),
+        )
 
     def gauges(self) -> dict:
         """What the telemetry row reads of the worker now (the engine's busy time is
@@ -70,6 +83,10 @@ class RolloutWorker:
             "groups_queued": self.groups_queued,
             "episodes_in_flight": self.episodes_in_flight,
             "engine_busy_s": self.engine.stats["busy_s"],
+            # Cumulative: tokens per decode call, and what overshooting turn ends costs.
+            "engine_decode_calls": self.engine.stats["decode_calls"],
+            "engine_decode_tokens": self.engine.stats["decode_tokens"],
+            "engine_surplus_tokens": self.engine.stats["surplus_tokens"],
             "compiled_variants": self.engine.sampler.compiled_variants(),
         }
 

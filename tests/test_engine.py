@@ -12,9 +12,10 @@ from flax import nnx
 
 import environments
 from core.policy import tokenizer
+from core.policy.chat_format import ByteFormat
 from core.policy.config import ModelConfig
 from core.policy.model import init_model, split_params, token_logprobs
-from core.policy.sampling import Sampler
+from core.policy.sampling import Placed, Sampler
 from rollout.engine import InferenceEngine, Sequence
 from rollout.episodes import EpisodeLimits, run_group
 
@@ -48,12 +49,13 @@ async def _chatty_episode(engine, rng_seed, turns=3):
     return seq
 
 
-@pytest.mark.parametrize("slots", [2, 5, 12])
-def test_recorded_logprobs_equal_full_forward(model, slots):
+@pytest.mark.parametrize(("slots", "steps"), [(2, 1), (5, 1), (12, 1), (5, 4), (12, 4)])
+def test_recorded_logprobs_equal_full_forward(model, slots, steps):
     """12 concurrent episodes on fewer slots: slots are reused, histories re-fed in
-    chunks, yet every generated token's log-prob is the full-sequence log-prob."""
+    chunks, yet every generated token's log-prob is the full-sequence log-prob, whether a
+    decode call runs one step or up to 4 (with cache reads cut at 32, 64 or 128)."""
     params, fwd = model
-    sampler = Sampler(CFG, slots=slots, length=128, prefill=8)
+    sampler = Sampler(CFG, slots=slots, length=128, prefill=8, decode_steps=steps, smallest_window=32)
     engine = InferenceEngine(sampler, lambda: (params, 0))
 
     async def many():
@@ -65,9 +67,14 @@ def test_recorded_logprobs_equal_full_forward(model, slots):
         assert gen.sum() >= 4
         full = _full_logprobs(fwd, params, seq.tokens)
         np.testing.assert_allclose(np.asarray(seq.logprobs)[gen], full[gen], atol=2e-4)
-    assert sampler.compiled_variants() <= 3  # decode and prefill widths (and a row copy), nothing else
+    # A decode call per window (32, 64, 128), the prefill width and a row copy, nothing else.
+    assert sampler.compiled_variants() <= 5
     if slots < 12:
         assert engine.stats["refeeds"] > 0
+    stats = engine.stats
+    assert stats["decode_device_steps"] <= stats["decode_calls"] * steps
+    if steps > 1:
+        assert stats["decode_tokens"] > stats["decode_calls"] * 1.2  # several tokens a call
 
 
 @pytest.mark.parametrize("slots", [4, 16])
@@ -229,15 +236,28 @@ def test_tool_waits_overlap_across_episodes(model):
     assert _max_concurrent(log) == 1 and elapsed >= 4 * turns * latency, (_max_concurrent(log), elapsed)
 
 
-def test_policy_swap_between_steps_is_recorded_per_token(model):
+@pytest.mark.parametrize(("steps", "swap_after"), [(1, 10), (4, 2)])
+def test_policy_swap_between_steps_is_recorded_per_token(model, steps, swap_after):
+    """The version changes between calls, never inside one; the params are placed on the
+    device once per version, not per call."""
     params, _ = model
-    sampler = Sampler(CFG, slots=4, length=128)
+    sampler = Sampler(CFG, slots=4, length=128, decode_steps=steps)
     state = {"calls": 0}
+    other = jax.tree.map(lambda x: x, params)  # version 1: the same weights, another object
 
     def source():
         state["calls"] += 1
-        return params, 0 if state["calls"] <= 10 else 1
+        return (params, 0) if state["calls"] <= swap_after else (other, 1)
 
+    placed = []
+    place = sampler.place
+
+    def counted(p):
+        if not isinstance(p, Placed):  # the engine hands its placed params to each call
+            placed.append(p)
+        return place(p)
+
+    sampler.place = counted
     engine = InferenceEngine(sampler, source)
 
     async def one():
@@ -249,11 +269,13 @@ def test_policy_swap_between_steps_is_recorded_per_token(model):
     versions = np.asarray(seq.versions)[np.asarray(seq.loss_mask) == 1]
     assert set(versions.tolist()) == {0, 1}
     assert np.all(np.diff(versions) >= 0)  # a later token never carries an older version
+    assert len(placed) == 2 and placed[0] is params and placed[1] is other
 
 
-def test_generation_stops_at_max_tokens(model):
+@pytest.mark.parametrize("steps", [1, 4])
+def test_generation_stops_at_max_tokens(model, steps):
     params, _ = model
-    engine = InferenceEngine(Sampler(CFG, slots=1, length=128), lambda: (params, 0), max_tokens=20)
+    engine = InferenceEngine(Sampler(CFG, slots=1, length=128, decode_steps=steps), lambda: (params, 0), max_tokens=20)
 
     async def one():
         seq = Sequence.start([tokenizer.BOS] + [70] * 10)
@@ -262,3 +284,57 @@ def test_generation_stops_at_max_tokens(model):
 
     seq, n = asyncio.run(one())
     assert len(seq.tokens) == 20 and n == 20 - 11
+
+
+class _SplitStops(ByteFormat):
+    """The device and the host disagree on turn ends: the device stops on eight ids, the
+    host ends a turn on ids divisible by 5 (one of the eight among them)."""
+
+    def stop_sequences(self):
+        return tuple((t,) for t in range(1, 9))
+
+    def is_turn_end(self, generated):
+        return generated[-1] % 5 == 0
+
+
+def test_the_host_judges_turn_ends_the_device_only_shortcuts_them(model):
+    """Where the device stops on an id the host does not end the turn on, the slot goes on
+    in the next call; where the host ends a turn the device ran past, the surplus is dropped
+    (counted) and the cache beyond the turn is junk that later writes overwrite. Either way
+    each turn ends exactly at its first host stop (or its budget), and every log-prob is
+    the full forward's."""
+    params, fwd = model
+    sampler = Sampler(CFG, slots=6, length=128, prefill=8, decode_steps=8)
+    engine = InferenceEngine(sampler, lambda: (params, 0), chat_format=_SplitStops())
+    fmt, turns = engine.chat_format, []
+
+    async def episode(i):
+        rng = np.random.default_rng(i)
+        seq = Sequence.start([tokenizer.BOS, *rng.integers(0, 256, 6 + i)])
+        for _ in range(4):
+            before = len(seq.tokens)
+            n = await engine.generate(seq, 24, fmt.is_turn_end)
+            turns.append(seq.tokens[before : before + n])
+            seq.extend_env([int(t) for t in rng.integers(0, 256, 3)])
+        engine.release(seq)
+        return seq
+
+    async def all_():
+        return await asyncio.gather(*(episode(i) for i in range(10)))
+
+    seqs = asyncio.run(all_())
+    for turn in turns:
+        assert turn and not any(t % 5 == 0 for t in turn[:-1]), turn
+        assert turn[-1] % 5 == 0 or len(turn) == 24, turn
+    for seq in seqs:
+        gen = np.asarray(seq.loss_mask) == 1
+        np.testing.assert_allclose(
+            np.asarray(seq.logprobs)[gen], _full_logprobs(fwd, params, seq.tokens)[gen], atol=2e-4
+        )
+    stats = engine.stats
+    assert stats["surplus_tokens"] > 0
+    kept = stats["decode_tokens"] - stats["surplus_tokens"]
+    # The rest were sampled by catch-up calls, each for up to prefill_slots slots.
+    assert 0 <= stats["generated_tokens"] - kept <= stats["prefill_steps"] * sampler.prefill_slots
+    # The device stopped on ids the host let pass (the turn went on): some turns hold one.
+    assert any(t in range(1, 9) for turn in turns for t in turn[:-1] if t % 5), turns

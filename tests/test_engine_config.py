@@ -31,6 +31,9 @@ from trainer.learning.step.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
         (dict(policy_wait_s=True), "policy_wait_s"),
         (dict(turn=TurnBudget(256), max_tokens=256), "max_new_tokens_per_turn"),
         (dict(advantage_estimator="ppo"), "advantage_estimator"),
+        (dict(decode_steps=-1), "decode_steps"),
+        (dict(decode_steps=2.5), "decode_steps"),
+        (dict(dtype="float16"), "dtype"),
     ],
 )
 def test_refuses_bad_settings_naming_the_field(bad, field):
@@ -50,6 +53,8 @@ def test_pipeline_flags_build_the_engine_config():
         "--policy_poll_s=0.25",
         "--policy_wait_s=60",
         "--advantage_estimator=rloo",
+        "--engine_decode_steps=8",
+        "--engine_dtype=bfloat16",
     ]
     cfg = rollout_config(PipelineOptions(flags)).engine
     assert cfg == EngineConfig(
@@ -63,6 +68,8 @@ def test_pipeline_flags_build_the_engine_config():
         policy_poll_s=0.25,
         policy_wait_s=60.0,
         advantage_estimator="rloo",
+        decode_steps=8,
+        dtype="bfloat16",
     )
     assert cfg.limits.max_tokens == 256 and cfg.limits.max_new_tokens_per_turn == 24
     assert rollout_config(PipelineOptions([*flags, "--max_trajectory_len=512"])).engine.max_tokens == 512

@@ -71,6 +71,8 @@ ROLLOUT_CHANGES = dict(
     engine_prefill_slots=4,
     engine_separate_prompts=True,
     engine_seed=3,
+    engine_decode_steps=4,
+    engine_dtype="bfloat16",
     max_concurrent_groups=4,
     queued_groups=2,
     admit_poll_s=0.1,
@@ -120,6 +122,7 @@ def test_a_changed_evaluator_config_round_trips_through_argv():
         **dict(slots=4, poll_s=0.5, stop_file="/out/final", timeout_s=60.0, seed=7, examples=3, nice=5),
         **dict(logdir="/logs", trace_dir="/traces", model="/checkpoints/qwen2"),
         **dict(prefill=16, prefill_slots=2, episode_timeout_s=300.0, greedy_at="ends"),
+        **dict(decode_steps=4, dtype="bfloat16"),
     )
     argv = config.to_argv(cfg)
     assert config.parse(EvaluatorConfig, argv) == cfg

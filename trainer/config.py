@@ -96,6 +96,13 @@ class LearnerJobConfig:
     checkpoint_unverified: bool = knob(
         False, "resume from a checkpoint written before checksum manifests, restoring it unverified"
     )
+    # A TPU compile of the step takes tens of seconds; a preempted or re-run job pays it again.
+    compile_cache_dir: str | None = knob(
+        None,
+        "a persistent XLA compilation cache (a dir or gs://...) that a restarted or re-run learner reuses "
+        "(unset: CHECKPOINT_DIR/xla_cache when --checkpoint_dir is set; JAX_COMPILATION_CACHE_DIR wins)",
+        wiring=True,
+    )
     summary_path: str | None = knob(None, "also write the run summary here as JSON", wiring=True)
     telemetry: TelemetryDirs = section(TelemetryDirs, help="per-step scalars and the timeline")
     layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same on both sides")

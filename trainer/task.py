@@ -45,8 +45,22 @@ def parse_config(argv: list[str] | None) -> LearnerJobConfig:
 parse_args = parse_config  # what trainer.cloud.vertex checks a job's learner flags with
 
 
+def compile_cache_dir(cfg: LearnerJobConfig, environ=os.environ) -> str | None:
+    """Where the learner's compiles persist: the environment's JAX_COMPILATION_CACHE_DIR
+    (JAX reads it itself), else --compile_cache_dir, else beside the checkpoints."""
+    if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    if cfg.compile_cache_dir:
+        return cfg.compile_cache_dir
+    return cfg.checkpoint_dir.rstrip("/") + "/xla_cache" if cfg.checkpoint_dir else None
+
+
 def run(cfg: LearnerJobConfig) -> RunSummary | None:
     builder.check_settings(cfg)  # the environment, before anything starts
+    if cache := compile_cache_dir(cfg):
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", cache)
     mesh = builder.make_mesh_from_flag(cfg.mesh)  # a mesh the devices cannot form: refused here
     builder.check_resources(cfg)  # wrong Pub/Sub names, a missing bucket: named now, not retried
     tracer = builder.make_tracer(cfg.telemetry.trace_dir)

@@ -64,6 +64,12 @@ class ChatFormat(abc.ABC):
     def is_turn_end(self, generated: list[int]) -> bool:
         """Whether the turn's ids so far end it (called after every sampled token: cheap)."""
 
+    def stop_sequences(self) -> tuple[tuple[int, ...], ...]:
+        """Token-id sequences that end a turn when the turn's ids end with one: what a
+        device may check between host round trips (core/policy/decode_loop.py). Speed only:
+        `is_turn_end` stays the judge, and may end a turn where none of these does."""
+        return ()
+
     @abc.abstractmethod
     def env_action(self, generated: list[int], tools: Sequence[dict]) -> str | Action:
         """What the environment's `step` gets for one turn's ids. Never raises."""
@@ -96,6 +102,12 @@ class ByteFormat(ChatFormat):
             return True
         text = self.tokenizer.decode(generated[-_STOP_TAIL_TOKENS:])
         return any(text.endswith(s) for s in TURN_STOP_STRINGS)
+
+    def stop_sequences(self) -> tuple[tuple[int, ...], ...]:
+        # The stop strings as their bytes (text ending with one nearly always means its bytes
+        # end the ids), and the eos ids.
+        strings = tuple(tuple(self.tokenizer.encode(s)) for s in TURN_STOP_STRINGS)
+        return strings + tuple((int(i),) for i in self.tokenizer.eos_ids)
 
     def env_action(self, generated: list[int], tools: Sequence[dict]) -> str:
         return self.tokenizer.decode(generated)
@@ -166,6 +178,9 @@ class NativeFormat(ChatFormat):
 
     def is_turn_end(self, generated: list[int]) -> bool:
         return bool(generated) and generated[-1] in self._eos
+
+    def stop_sequences(self) -> tuple[tuple[int, ...], ...]:
+        return tuple((i,) for i in sorted(self._eos))
 
     def env_action(self, generated: list[int], tools: Sequence[dict]) -> Action:
         try:

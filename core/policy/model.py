@@ -20,7 +20,12 @@ from flax import nnx
 
 from core.policy.banded_attention import Band, band_block, banded_attention
 from core.policy.config import SLIDING, ModelConfig
-from core.policy.rope import apply_rope, inverse_frequencies
+from core.policy.rope import apply_rope, inverse_frequencies, rope_table
+from core.policy.splash_attention import Segments, splash_attention
+
+# How a training forward attends: "xla" (the dense segment-causal mask, or the band where
+# segments are short) or "splash" (Pallas' flash kernel with segment ids: TPU).
+ATTENTION_IMPLS = ("xla", "splash")
 
 
 def segment_causal_mask(segment_ids: jax.Array) -> jax.Array:
@@ -103,44 +108,46 @@ class Attention(nnx.Module):
     def _attend(self, q, k, v, mask):
         if isinstance(mask, Band):  # packed rows of short segments: only the band is computed
             y = banded_attention(q, k, v, mask, self.window, self._score_divisor())
-            return self.out(y.reshape(y.shape[0], y.shape[1], -1))
-        groups = self.cfg.n_heads // self.cfg.n_kv_heads
-        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-        if self.cfg.query_pre_attn_scalar is not None:
-            # dot_product_attention divides by sqrt(head_dim); rescale q to the configured divisor.
-            q = q * jnp.asarray(np.sqrt(self.head_dim) / self._score_divisor(), q.dtype)
-        y = nnx.dot_product_attention(q, k, v, mask=mask)
+        elif isinstance(mask, Segments):  # the flash kernel: no [T, T] scores, masked blocks skipped
+            y = splash_attention(q, k, v, mask, self.window, self._score_divisor())
+        else:
+            # Grouped heads read their KV head directly; scores and softmax in float32
+            # whatever the compute dtype.
+            y = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0 / self._score_divisor())
         return self.out(y.reshape(y.shape[0], y.shape[1], -1))
 
     def __call__(self, x, positions, mask):
         q, k, v = self._project(x, positions)
         return self._attend(q, k, v, mask)
 
-    def decode(self, x, start, cache_k, cache_v):
+    def decode(self, x, start, cache_k, cache_v, read_len: int | None = None):
         """A chunk of P tokens per row at positions start[b] + 0..P-1, written into the
         KV cache (writes past its end are dropped). x: [B, P, d]; caches: [B, H_kv, T, D],
         heads before time so each slot's history is contiguous per head. A query sees
         cached keys up to its own position (and, in a sliding layer, within its window):
         keys beyond it are stale (an earlier episode in this slot, or chunk padding) and
         masked out. The query heads of a group attend to their shared KV head directly
-        (no repeated copy of the cache)."""
+        (no repeated copy of the cache). read_len (static): only the first read_len cache
+        positions are read (decoding is bound by reading the cache: its filled part is what
+        counts); every query that matters must sit below it."""
         b, p, _ = x.shape
         positions = start[:, None] + jnp.arange(p)[None, :]  # [B, P]
         q, k, v = self._project(x, positions)
         rows = jnp.arange(b)[:, None]
         cache_k = cache_k.at[rows, :, positions].set(k.astype(cache_k.dtype), mode="drop")
         cache_v = cache_v.at[rows, :, positions].set(v.astype(cache_v.dtype), mode="drop")
+        keys, values = (cache_k, cache_v) if read_len is None else (cache_k[:, :, :read_len], cache_v[:, :, :read_len])
         groups = self.cfg.n_heads // self.cfg.n_kv_heads
         q = q.reshape(b, p, self.cfg.n_kv_heads, groups, self.head_dim)
-        scores = jnp.einsum("bpkgd,bktd->bkgpt", q, cache_k) / jnp.asarray(self._score_divisor(), q.dtype)
-        offset = positions[:, :, None] - jnp.arange(cache_k.shape[2])[None, None, :]  # [B, P, T]: q - k
+        scores = jnp.einsum("bpkgd,bktd->bkgpt", q, keys) / jnp.asarray(self._score_divisor(), q.dtype)
+        offset = positions[:, :, None] - jnp.arange(keys.shape[2])[None, None, :]  # [B, P, T]: q - k
         visible = (offset >= 0) & (offset < self.window) if self.window else offset >= 0
         scores = jnp.where(visible[:, None, None], scores, jnp.finfo(scores.dtype).min)
         # Weights times values as [g * p, T] @ [T, D] per (slot, KV head): the layout XLA:CPU
         # runs as one fast batched matmul (the output order bpkgd made it a generic dot,
         # 20x slower per layer at 64 slots); the small result is transposed after.
         weights = jax.nn.softmax(scores, axis=-1).reshape(b, self.cfg.n_kv_heads, groups * p, -1)
-        y = jnp.einsum("bkqt,bktd->bkqd", weights, cache_v).reshape(b, self.cfg.n_kv_heads, groups, p, -1)
+        y = jnp.einsum("bkqt,bktd->bkqd", weights, values).reshape(b, self.cfg.n_kv_heads, groups, p, -1)
         return self.out(y.transpose(0, 3, 1, 2, 4).reshape(b, p, -1)), cache_k, cache_v
 
 
@@ -181,14 +188,17 @@ class Block(nnx.Module):
         x = self._residual_attn(x, self.attn(self.attn_norm(x), positions, mask))
         return self._residual_mlp(x)
 
-    def decode(self, x, start, cache_k, cache_v):
-        h, cache_k, cache_v = self.attn.decode(self.attn_norm(x), start, cache_k, cache_v)
+    def decode(self, x, start, cache_k, cache_v, read_len: int | None = None):
+        h, cache_k, cache_v = self.attn.decode(self.attn_norm(x), start, cache_k, cache_v, read_len)
         return self._residual_mlp(self._residual_attn(x, h)), cache_k, cache_v
 
 
-def _layer_mask(layer, segment_ids, positions, span, block):
-    """The mask a layer attends under: a Band (banded attention, which applies the layer's
-    window itself) or the dense segment-causal mask, windowed for a sliding layer."""
+def _layer_mask(layer, segment_ids, positions, span, block, attention="xla"):
+    """The mask a layer attends under: the flash kernel's segments, a Band (banded
+    attention, which applies the layer's window itself) or the dense segment-causal mask,
+    windowed for a sliding layer."""
+    if attention == "splash":
+        return Segments(segment_ids, span)
     block = None if span is None else band_block(segment_ids.shape[1], span, block)
     if block is not None:
         return Band(segment_ids, positions, span, block)
@@ -196,16 +206,52 @@ def _layer_mask(layer, segment_ids, positions, span, block):
     return mask & window_mask(positions, layer.attn.window) if layer.attn.window else mask
 
 
-def _remat_layer(layer, x, segment_ids, positions, span, block):
+def _remat_layer(layer, x, segment_ids, positions, span, block, attention):
     """One layer under jax.checkpoint: only its input is saved for the backward pass; the
     mask is rebuilt inside from the (small, integer) segment ids and positions."""
     graphdef, state = nnx.split(layer)
 
     def run(state, x, segment_ids, positions):
         layer = nnx.merge(graphdef, state)
-        return layer(x, positions, _layer_mask(layer, segment_ids, positions, span, block))
+        return layer(x, positions, _layer_mask(layer, segment_ids, positions, span, block, attention))
 
     return jax.checkpoint(run)(state, x, segment_ids, positions)
+
+
+def _uniform(blocks) -> bool:
+    """Whether every layer has the same structure and static settings (window, RoPE, LoRA
+    targets): then one compiled layer body serves them all."""
+    first = nnx.graphdef(blocks[0])
+    return all(nnx.graphdef(b) == first for b in blocks[1:])
+
+
+def _scan_layers(blocks, x, segment_ids, positions, span, block, remat, attention):
+    """The layers as one lax.scan over their params stacked at trace time: XLA compiles
+    one layer instead of n_layers copies (a 30-layer step compiled in a fraction of the
+    time), while the param tree stays a list of layers (checkpoints, LoRA, the store).
+    Stacking costs one pass over the weights, fused with the compute-dtype cast. With
+    remat only each layer's input is kept for the backward pass."""
+    graphdef = nnx.graphdef(blocks[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
+    mask = _layer_mask(blocks[0], segment_ids, positions, span, block, attention)  # the same for every layer
+    attn = blocks[0].attn
+    table = rope_table(positions, inverse_frequencies(attn.rope, attn.head_dim))  # once, not once a layer
+
+    def run(x, state):
+        return nnx.merge(graphdef, state)(x, table, mask)
+
+    if remat:
+        run = jax.checkpoint(run)
+    x, _ = jax.lax.scan(lambda x, state: (run(x, state), None), x, stacked)
+    return x
+
+
+def _logits(h, w, spec: str):
+    """Float32 logits of a vocabulary projection, accumulated in float32 from operands in
+    their common dtype: bf16 logits would carry about 0.1 of error at magnitude 20, which
+    log-probs and importance ratios cannot afford."""
+    dt = jnp.promote_types(h.dtype, w.dtype)
+    return jnp.einsum(spec, h.astype(dt), w.astype(dt), preferred_element_type=jnp.float32)
 
 
 class Transformer(nnx.Module):
@@ -222,7 +268,9 @@ class Transformer(nnx.Module):
             self.lm_head = _linear(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs)
 
     def _embed(self, tokens):
-        x = self.embed(tokens)
+        # The table's own dtype (nnx.Embed would promote a bf16 table's rows to its float32
+        # `dtype`, and with them every activation of a mixed-precision step or a bf16 engine).
+        x = jnp.take(self.embed.embedding[...], tokens, axis=0)
         if self.cfg.embed_scale:
             # As HF's Gemma: sqrt(d_model) rounded to float32, then to the embedding's dtype.
             x = x * jnp.asarray(np.float32(self.cfg.d_model**0.5), x.dtype)
@@ -237,35 +285,46 @@ class Transformer(nnx.Module):
         provided no segment is longer than span. None: the dense segment-causal mask."""
         return self.head(self.hidden(tokens, segment_ids, positions, span, block))
 
-    def hidden(self, tokens, segment_ids, positions, span=None, block=None, remat: bool = False):
+    def hidden(self, tokens, segment_ids, positions, span=None, block=None, remat: bool = False, attention="xla"):
         """The final-normed hidden states [B, T, d] that `head` projects to logits (a loss
         can project them a chunk at a time: core/policy/logprobs.py). remat: each layer's
         activations are recomputed in the backward pass instead of kept, so a step keeps
-        one [B, T, d] per layer (jax.checkpoint), not every intermediate."""
+        one [B, T, d] per layer (jax.checkpoint), not every intermediate. attention: one
+        of ATTENTION_IMPLS ("splash": the flash kernel, exact for any span). The compute
+        dtype is the params' (a mixed-precision step passes bf16 copies)."""
+        if attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {attention!r}")
         x = self._embed(tokens)
-        for layer in self.blocks:
+        if _uniform(self.blocks):
+            x = _scan_layers(self.blocks, x, segment_ids, positions, span, block, remat, attention)
+            return self.final_norm(x)
+        for layer in self.blocks:  # Gemma's sliding and full layers differ: one body each
             if remat:
-                x = _remat_layer(layer, x, segment_ids, positions, span, block)
+                x = _remat_layer(layer, x, segment_ids, positions, span, block, attention)
             else:
-                x = layer(x, positions, _layer_mask(layer, segment_ids, positions, span, block))
+                x = layer(x, positions, _layer_mask(layer, segment_ids, positions, span, block, attention))
         return self.final_norm(x)
 
     def head(self, h):
-        """Hidden states [..., d] -> float32 logits [..., vocab]."""
-        logits = self.embed.attend(h) if self.cfg.tie_embeddings else self.lm_head(h)
-        return logits.astype(jnp.float32)
+        """Hidden states [..., d] -> float32 logits [..., vocab], accumulated in float32."""
+        if self.cfg.tie_embeddings:
+            return _logits(h, self.embed.embedding[...], "...d,vd->...v")
+        if type(self.lm_head) is nnx.Linear and self.lm_head.bias is None:
+            return _logits(h, self.lm_head.kernel[...], "...d,dv->...v")
+        return self.lm_head(h).astype(jnp.float32)  # a LoRA-wrapped head
 
-    def decode(self, tokens, start, cache, last=None):
+    def decode(self, tokens, start, cache, last=None, read_len: int | None = None):
         """KV-cached chunk step: tokens int [B, P] at positions start[b] + 0..P-1;
         cache: a tuple with one (k, v) pair per layer, each [B, H_kv, T, D] (per-layer
         arrays, so a donated cache is updated in place, not re-stacked every step).
         Returns (logits [B, P, vocab], cache); with `last` (int [B]), the logits of chunk
         position last[b] only, [B, vocab]: a prefill chunk of 64 need not project 64
-        positions onto the vocabulary to sample one token."""
+        positions onto the vocabulary to sample one token. read_len (static): attention
+        reads only the first read_len cache positions (Attention.decode)."""
         x = self._embed(tokens)
         new_cache = []
         for block, (k, v) in zip(self.blocks, cache):
-            x, k, v = block.decode(x, start, k, v)
+            x, k, v = block.decode(x, start, k, v, read_len)
             new_cache.append((k, v))
         if last is not None:
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]

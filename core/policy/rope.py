@@ -8,6 +8,7 @@ computed once per trace in NumPy: nothing about them is traced or recompiled.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -42,11 +43,26 @@ def _llama3(inv: np.ndarray, rope: RopeConfig) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-    """x: [B, T, H, D]; positions: [B, T]. Rotates pairs (x[..., :D/2], x[..., D/2:]),
-    the layout HF checkpoints use (rotate_half)."""
-    half = x.shape[-1] // 2
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RopeTable:
+    """The sines and cosines [B, T, D/2] of some positions, computed once for every layer
+    that shares a RoPE setting (the layers of a scanned step), not once per layer."""
+
+    sin: jax.Array
+    cos: jax.Array
+
+
+def rope_table(positions: jax.Array, inv_freq: np.ndarray) -> RopeTable:
     angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)  # [B, T, half]
-    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    return RopeTable(jnp.sin(angles), jnp.cos(angles))
+
+
+def apply_rope(x: jax.Array, positions, inv_freq: np.ndarray) -> jax.Array:
+    """x: [B, T, H, D]; positions: [B, T], or their RopeTable. Rotates pairs
+    (x[..., :D/2], x[..., D/2:]), the layout HF checkpoints use (rotate_half)."""
+    half = x.shape[-1] // 2
+    table = positions if isinstance(positions, RopeTable) else rope_table(positions, inv_freq)
+    sin, cos = table.sin[:, :, None, :], table.cos[:, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)

@@ -23,6 +23,7 @@ import math
 
 from core.config import configclass, derived
 from core.policy.config import SLIDING, ModelConfig
+from core.policy.flops import count_params
 from localstack.launch.accelerators import Slice
 from trainer.learning.capacity import Measurements, check_async, make_plan
 
@@ -64,23 +65,17 @@ class ModelDims:
         return 4 * self.layers * keys * self.attn_width
 
 
-def count_params(cfg: ModelConfig) -> int:
-    """The parameters core/policy/model.py builds for cfg (tests check it against the model)."""
-    d, hd, q, kv = cfg.d_model, cfg.head_dim, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    attn = d * q + 2 * d * kv + q * d + ((q + 2 * kv) if cfg.qkv_bias else 0) + (2 * hd if cfg.qk_norm else 0)
-    norms = (4 if cfg.sandwich_norms else 2) * d
-    layer = attn + 3 * d * cfg.mlp_dim + norms
-    embed = cfg.vocab_size * d
-    return embed * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * layer + d
-
-
 @configclass
 class Assumptions:
-    """Not vendor figures and not measured on the target: printed with every plan."""
+    """Not vendor figures: printed with every plan. The learner's MFU and the decode step's
+    bandwidth efficiency are the ones measured on one TPU v5e (docs/BENCHMARKS.md,
+    "Accelerator", 2026-12-07): Qwen2.5-0.5B's step at 8 x 1,024 ran at MFU 0.344 (model
+    FLOPs), and SmolLM2-135M's device-bound bf16 decode at 256 slots at 0.262 of its HBM
+    bound; on GPUs they are assumptions."""
 
-    learner_mfu: float = derived(0.35, "of the slice's dense bf16 peak, for the train step", gt=0, le=1)
+    learner_mfu: float = derived(0.34, "of the slice's dense bf16 peak, for the train step", gt=0, le=1)
     decode_mfu: float = derived(0.3, "of peak, when a decode or prefill call is compute-bound", gt=0, le=1)
-    bandwidth_efficiency: float = derived(0.7, "of the vendor's HBM bandwidth a decode step reaches", gt=0, le=1)
+    bandwidth_efficiency: float = derived(0.26, "of the vendor's HBM bandwidth a decode step reaches", gt=0, le=1)
     memory_fraction: float = derived(0.9, "of HBM the engine may fill with weights and KV cache", gt=0, le=1)
     # Host time, measured on this machine's CPU (docs/BENCHMARKS.md): Sampler.step's Python
     # and dispatch, 2.4 ms + 0.28 ms a step (Rollout, cProfile); the Beam job's cost a

@@ -26,23 +26,13 @@ from core import config
 from core.config import configclass, knob
 from core.policy.config import MODEL_CONFIGS
 from core.policy.hf_config import config_from_hf, read_hf_config
+from core.policy.hf_presets import PRESETS, preset_config
 from environments.latency import LatencyModel
 from localstack.launch import scale_model as sm
 from localstack.launch.accelerators import parse_slice
 from trainer.learning.data.feeder import CreditConfig
 from trainer.learning.step.learner import LearnerConfig
 
-# config.json of real checkpoints (the keys that size them), as their model cards ship them.
-PRESETS = {
-    "qwen2.5-0.5b": dict(
-        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_hidden_layers=24,
-        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
-        rope_theta=1000000.0),
-    "qwen2.5-7b": dict(
-        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_hidden_layers=28,
-        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False, max_position_embeddings=32768,
-        rope_theta=1000000.0),
-}  # fmt: skip
 MODEL_HELP = f"a preset ({', '.join([*PRESETS, *MODEL_CONFIGS])}), an HF checkpoint directory or its config.json"
 _DEFAULT = sm.Assumptions()
 MEASURED_PIPELINE_S = 2.0  # localstack.launch.plan: the packer's 1 s max wait + its 1 s transport constant
@@ -101,7 +91,7 @@ def parse_config(argv) -> ScalePlanConfig:
 
 def model_config(name: str):
     if name.lower() in PRESETS:
-        return config_from_hf(PRESETS[name.lower()], source=name)
+        return preset_config(name)
     if name in MODEL_CONFIGS:
         return MODEL_CONFIGS[name]
     path = Path(name)

@@ -34,8 +34,8 @@ from core.policy.chat_format import ChatFormat, chat_format_for
 from core.policy.logprobs import token_logprobs_and_entropy
 from core.policy.tokenizer import BYTE_TOKENIZER
 from environments.registry import DEFAULT_STYLE
-from trainer.learning.step import gradients, memory
-from trainer.learning.step.gradients import ComputeConfig
+from trainer.learning.step import gradients, layout
+from trainer.learning.step.gradients import ComputeConfig, Layout, Numerics, cast_floats
 
 SCHEDULES = ("constant", "cosine")
 DIRECT_AT = ("first_turn", "any_turn")
@@ -196,28 +196,42 @@ def sft_batches(data: dict, rows: int, steps: int, rng: np.random.Generator):
         yield {k: v[idx] for k, v in data.items()}
 
 
-def _sft_loss(graphdef, frozen, remat: bool, chunk: int, params, batch):
+def _sft_loss(graphdef, frozen, num: Numerics, remat: bool, params, batch):
     """Negative log-likelihood of the demonstrated actions: one micro-batch's share of the
     whole batch's token mean (`total`: the whole batch's loss tokens)."""
+    params, frozen = cast_floats(params, num.dtype), cast_floats(frozen, num.dtype)
     model = nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
     tokens = batch["tokens"]
-    hidden = model.hidden(tokens, batch["segment_ids"], batch["positions"], remat=remat)
-    logp, _ = token_logprobs_and_entropy(model.head, hidden, tokens, chunk)
+    hidden = model.hidden(tokens, batch["segment_ids"], batch["positions"], remat=remat, attention=num.attention)
+    logp, _ = token_logprobs_and_entropy(model.head, hidden, tokens, num.logit_chunk)
     mask = batch["loss_mask"].astype(np.float32)
     return -(logp * mask).sum() / batch["total"][0], {}
 
 
-def _sft_step(graphdef, tx, compute: ComputeConfig, remat: bool, params, opt_state, frozen, batch):
-    """One supervised step on the learner's path (trainer/learning/step/gradients.py): remat,
-    log-probs in chunks, micro-batches."""
-    rows, seq_len = batch["tokens"].shape
+def _sft_step(graphdef, tx, num: Numerics, lay: Layout, params, opt_state, frozen, batch):
+    """One supervised step on the learner's path (trainer/learning/step/gradients.py): its
+    dtype, remat, log-probs in chunks, micro-batches."""
+    rows = batch["tokens"].shape[0]
     total = jnp.maximum(batch["loss_mask"].sum(), 1).astype(jnp.float32)
     batch = {**batch, "total": jnp.broadcast_to(total, (rows,))}
-    loss_fn = functools.partial(_sft_loss, graphdef, frozen, remat, compute.logit_chunk)
-    micro = compute.micro_batches_for(rows, seq_len, remat)
-    (loss, _), grads = gradients.value_and_grad(loss_fn, params, batch, micro)
+    loss_fn = functools.partial(_sft_loss, graphdef, frozen, num, lay.remat)
+    (loss, _), grads = gradients.value_and_grad(loss_fn, params, batch, lay.micro_batches)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
+
+
+def _compile_fitting(graphdef, tx, num: Numerics, compute: ComputeConfig, params, opt_state, frozen, batch):
+    """The SFT step compiled for this batch's shape in the fastest layout that fits."""
+    rows, seq_len = batch["tokens"].shape
+
+    def compile_layout(lay):
+        step = jax.jit(functools.partial(_sft_step, graphdef, tx, num, lay), donate_argnums=(0, 1))
+        out = step.lower(params, opt_state, frozen, batch).compile()
+        heap.release()  # the compiler's working memory, before the step's own
+        return out
+
+    what, hint = f"the warm-start step at {rows}x{seq_len}", f"lower --warmstart_batch (now {rows})"
+    return layout.choose(compile_layout, compute, rows, what, hint)[0]
 
 
 def warm_start(
@@ -247,17 +261,11 @@ def warm_start(
     tx = optax.adam(lr)
     opt_state = tx.init(params)
     compute = compute or ComputeConfig()
-    remat = compute.remat_for(gradients.n_params(params) + gradients.n_params(frozen))
-    step = jax.jit(functools.partial(_sft_step, graphdef, tx, compute, remat), donate_argnums=(0, 1))
+    num = compute.numerics()
     losses, compiled = [], None
     for batch in sft_batches(data, cfg.batch_rows, cfg.steps, np.random.default_rng(cfg.seed)):
-        if compiled is None:  # one shape: compiled once, checked against free memory first
-            compiled = step.lower(params, opt_state, frozen, batch).compile()
-            heap.release()  # the compiler's working memory, before the step's own
-            rows, seq_len = batch["tokens"].shape
-            micro = compute.micro_batches_for(rows, seq_len, remat)
-            hint = f"lower --warmstart_batch (now {rows}) or raise --micro_batches (now {micro})"
-            memory.check_step(compiled, f"the warm-start step at {rows}x{seq_len}", hint)
+        if compiled is None:  # one shape: compiled once, in the fastest layout that fits in free memory
+            compiled = _compile_fitting(graphdef, tx, num, compute, params, opt_state, frozen, batch)
         params, opt_state, loss = compiled(params, opt_state, frozen, batch)
         losses.append(float(loss))
     return params, losses

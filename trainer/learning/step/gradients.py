@@ -1,11 +1,19 @@
-"""How a step computes its gradients within memory: per-layer rematerialisation, the
-vocabulary projection in chunks, and micro-batches whose gradients are summed.
+"""How a step computes its gradients within memory and at the device's speed: the compute
+dtype, per-layer rematerialisation, the vocabulary projection in chunks, micro-batches whose
+gradients are summed, and the attention kernel.
 
 One path for every step that trains: the RL step (learner.py), the warm start
-(warmstart.py) and the planner's measurement of the RL step. A real model's step is
-dominated by activations, not weights: at 4 x 1,152 tokens SmolLM2-135M's plain step asked
-XLA for 22 GB per record; with each layer recomputed in the backward pass, the logits a
-chunk at a time and one row per micro-batch, activations stay a few hundred MB.
+(warmstart.py) and the planner's measurement of the RL step.
+
+- Layout (remat, micro-batches): chosen by memory, not by model size (layout.py): the
+  fastest that XLA's memory analysis says fits, trying remat off before on and fewer
+  micro-batches before more. Remat recomputes each layer's forward (a third more FLOPs);
+  without it a real model's activations are what binds (SmolLM2-135M at 8 x 1024 in f32
+  asked for 14 GB beyond its state).
+- Mixed precision: weights and activations in bfloat16 in the forward and backward (the
+  TPU's matrix unit runs bf16 at full rate), while params, gradient sums and Adam's state
+  stay float32 and logits, log-softmax and the loss are float32 (model.head accumulates
+  the vocabulary projection in float32).
 
 Micro-batches are exact: a loss divides by the *whole* batch's counts (losses.batch_totals),
 so the micro-batches' losses, mean diagnostics and gradients sum to the whole batch's.
@@ -13,15 +21,42 @@ so the micro-batches' losses, mean diagnostics and gradients sum to the whole ba
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from core.config import configclass, knob
+from core.policy.model import ATTENTION_IMPLS
 
 REMAT = ("auto", "on", "off")
-# auto: the built-in byte policy (0.1 M parameters) keeps every activation, as it always has.
-AUTO_REMAT_PARAMS = 10_000_000
-AUTO_MICRO_BATCH_TOKENS = 2048  # auto micro-batches: rows adding up to at most this (one row at least)
+DTYPES = ("auto", "float32", "bfloat16")
+ATTENTION = ("auto", *ATTENTION_IMPLS)
+# logit_chunk 0: tokens projected onto the vocabulary at once, by device. A CPU keeps one
+# chunk's float32 logits small (512 x 49,152 are 100 MB); an accelerator wants long
+# matmuls and has the memory: 2,048 x 151,936 float32 logits are 1.2 GB.
+AUTO_LOGIT_CHUNK = {"cpu": 512}
+AUTO_LOGIT_CHUNK_ACCELERATOR = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one step's batch is laid out in memory."""
+
+    remat: bool
+    micro_batches: int
+
+    def __str__(self) -> str:
+        return f"remat {'on' if self.remat else 'off'}, {self.micro_batches} micro-batch(es)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerics:
+    """ComputeConfig's device-dependent choices, resolved for one backend."""
+
+    dtype: jnp.dtype  # the forward and backward's weights and activations
+    attention: str  # one of ATTENTION_IMPLS
+    logit_chunk: int
 
 
 @configclass
@@ -31,36 +66,77 @@ class ComputeConfig:
     remat: str = knob(
         "auto",
         "recompute each layer's activations in the backward pass instead of keeping them "
-        f"(auto: on for models over {AUTO_REMAT_PARAMS:,} parameters, e.g. any --model checkpoint)",
+        "(auto: off when the step fits in memory without it, else on)",
         choices=REMAT,
     )
     micro_batches: int = knob(
         0,
         "split a step's rows into this many micro-batches and sum their gradients: activations scale "
-        f"with one (0: auto: with remat on, micro-batches of about {AUTO_MICRO_BATCH_TOKENS} tokens; else 1)",
+        "with one (0: auto: the fewest that fit in memory)",
         ge=0,
     )
-    logit_chunk: int = knob(512, "tokens projected onto the vocabulary at once (log-probs and entropy in chunks)", ge=1)
+    logit_chunk: int = knob(
+        0,
+        "tokens projected onto the vocabulary at once (log-probs and entropy in chunks; "
+        f"0: {AUTO_LOGIT_CHUNK['cpu']} on CPU, {AUTO_LOGIT_CHUNK_ACCELERATOR} on accelerators)",
+        ge=0,
+    )
+    dtype: str = knob(
+        "auto",
+        "the compute dtype of weights and activations in a step; params, gradient sums and optimizer "
+        "state stay float32, logits and the loss float32 (auto: bfloat16 on accelerators, float32 on CPU)",
+        flag="compute_dtype",
+        choices=DTYPES,
+    )
+    attention: str = knob(
+        "auto",
+        "attention in training: xla (dense, or banded for short segments) or splash (Pallas' flash "
+        "kernel with segment ids; off a TPU it is interpreted, for tests only; auto: splash on TPU)",
+        choices=ATTENTION,
+    )
+    memory_gb: float = knob(
+        0.0,
+        "the most a step's working memory (beyond params, optimizer state and batch) may take when "
+        "remat and micro-batches are chosen (0: what the device has free, less headroom)",
+        flag="step_memory_gb",
+        ge=0,
+    )
 
-    def remat_for(self, n_params: int) -> bool:
-        return self.remat == "on" or (self.remat == "auto" and n_params > AUTO_REMAT_PARAMS)
+    def numerics(self, backend: str | None = None) -> Numerics:
+        """The dtype, attention and logit chunk for `backend` (default: JAX's)."""
+        backend = backend or jax.default_backend()
+        cpu = backend == "cpu"
+        dtype = self.dtype if self.dtype != "auto" else ("float32" if cpu else "bfloat16")
+        attention = self.attention if self.attention != "auto" else ("splash" if backend == "tpu" else "xla")
+        chunk = self.logit_chunk or AUTO_LOGIT_CHUNK.get(backend, AUTO_LOGIT_CHUNK_ACCELERATOR)
+        return Numerics(jnp.dtype(dtype), attention, chunk)
 
-    def micro_batches_for(self, rows: int, seq_len: int, remat: bool) -> int:
-        """How many micro-batches a step of `rows` rows of `seq_len` runs in; refuses a count
-        that does not divide the rows (each micro-batch has the same compiled shape)."""
+    def layouts(self, rows: int) -> list[Layout]:
+        """The layouts a step of `rows` rows may run in, fastest first: remat off before on,
+        then fewer micro-batches before more (each a divisor of rows, so every micro-batch
+        has the same compiled shape). Refuses a fixed count that does not divide the rows."""
         if self.micro_batches:
             if rows % self.micro_batches:
                 raise ValueError(
                     f"--micro_batches {self.micro_batches} must divide the step's {rows} rows "
                     "(batch_records x rows per record, or the warm start's batch)"
                 )
-            return self.micro_batches
-        if not remat:
-            return 1
-        per = max(1, AUTO_MICRO_BATCH_TOKENS // seq_len)
-        while rows % per:
-            per -= 1
-        return rows // per
+            counts = [self.micro_batches]
+        else:
+            counts = [m for m in range(1, rows + 1) if rows % m == 0]
+        remats = {"off": [False], "on": [True], "auto": [False, True]}[self.remat]
+        return [Layout(r, m) for r in remats for m in counts]
+
+
+def cast_floats(tree, dtype):
+    """Every floating leaf of `tree` in `dtype` (the step's compute copies; None passes)."""
+    if tree is None:
+        return None
+
+    def cast(x):
+        return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype else x
+
+    return jax.tree.map(cast, tree)
 
 
 def n_params(tree) -> int:

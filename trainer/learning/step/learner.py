@@ -7,6 +7,7 @@ and never updated."""
 from __future__ import annotations
 
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -20,13 +21,14 @@ from core import heap
 from core.config import configclass, knob, section
 from core.contracts.records import ARRAY_SPECS, PackedRecord
 from core.policy.config import ModelConfig
+from core.policy.flops import segment_lengths, train_flops
 from core.policy.logprobs import token_logprobs_and_entropy
 from core.policy.lora import LoraConfig, add_lora, merge, split_lora
 from core.policy.model import Transformer, init_model, split_params
 from core.policy.sources import BYTE
 from core.policy.tokenizer import BYTE_TOKENIZER
-from trainer.learning.step import gradients, losses, memory, sharding
-from trainer.learning.step.gradients import ComputeConfig
+from trainer.learning.step import gradients, layout, losses, memory, sharding
+from trainer.learning.step.gradients import ComputeConfig, Layout, Numerics, cast_floats
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "loss_mask", "behaviour_logprobs", "advantages")
 
@@ -77,14 +79,18 @@ def batch_from_records(records: list[PackedRecord]) -> dict[str, np.ndarray]:
     return {f: np.concatenate([getattr(r, f) for r in records], axis=0) for f in BATCH_FIELDS}
 
 
-def _loss_fn(graphdef, cfg: losses.LossConfig, compute: ComputeConfig, remat, span, frozen, params, ref_params, batch):
-    """The RL loss of one micro-batch, normalised by the whole batch's totals (in `batch`)."""
+def _loss_fn(graphdef, cfg: losses.LossConfig, num: Numerics, remat, span, frozen, params, ref_params, batch):
+    """The RL loss of one micro-batch, normalised by the whole batch's totals (in `batch`).
+    The forward runs on num.dtype copies of the weights: their gradients reach the float32
+    params through the cast."""
     tokens = batch["tokens"]
 
-    def logprobs(p):  # the policy and the KL reference: the same (banded, with span) attention
-        model = _merged(graphdef, p, frozen)
-        hidden = model.hidden(tokens, batch["segment_ids"], batch["positions"], span=span, remat=remat)
-        return token_logprobs_and_entropy(model.head, hidden, tokens, compute.logit_chunk)
+    def logprobs(p):  # the policy and the KL reference: the same attention
+        model = _merged(graphdef, cast_floats(p, num.dtype), cast_floats(frozen, num.dtype))
+        hidden = model.hidden(
+            tokens, batch["segment_ids"], batch["positions"], span=span, remat=remat, attention=num.attention
+        )
+        return token_logprobs_and_entropy(model.head, hidden, tokens, num.logit_chunk)
 
     logp, entropy = logprobs(params)
     # One update per batch: the proximal policy (params before this update) is these params.
@@ -112,10 +118,9 @@ def _merged(graphdef, params, frozen):
     return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
 
 
-def _grads(graphdef, cfg, compute, remat, span, params, ref_params, batch, frozen=None):
-    """((loss, metrics), grads) of the batch, in the micro-batches its shape asks for."""
-    rows, seq_len = batch["tokens"].shape
-    micro = compute.micro_batches_for(rows, seq_len, remat)
+def _grads(graphdef, cfg, num: Numerics, lay: Layout, span, params, ref_params, batch, frozen=None):
+    """((loss, metrics), grads) of the batch, in the layout's micro-batches."""
+    rows = batch["tokens"].shape[0]
     totals = losses.batch_totals(batch["loss_mask"], batch["segment_ids"], cfg.max_segments)
     # Every micro-batch divides by the whole batch's totals (a copy per row: the scan
     # slices every leaf of the batch along its rows).
@@ -123,13 +128,13 @@ def _grads(graphdef, cfg, compute, remat, span, params, ref_params, batch, froze
 
     def loss_fn(p, part):
         part = {**part, "totals": jax.tree.map(lambda x: x[0], part["totals"])}
-        return _loss_fn(graphdef, cfg, compute, remat, span, frozen, p, ref_params, part)
+        return _loss_fn(graphdef, cfg, num, lay.remat, span, frozen, p, ref_params, part)
 
-    return gradients.value_and_grad(loss_fn, params, batch, micro)
+    return gradients.value_and_grad(loss_fn, params, batch, lay.micro_batches)
 
 
-def _train_step(graphdef, tx, cfg, compute, remat, span, params, opt_state, ref_params, batch, frozen=None):
-    (loss, metrics), grads = _grads(graphdef, cfg, compute, remat, span, params, ref_params, batch, frozen)
+def _train_step(graphdef, tx, cfg, num, lay, span, params, opt_state, ref_params, batch, frozen=None):
+    (loss, metrics), grads = _grads(graphdef, cfg, num, lay, span, params, ref_params, batch, frozen)
     # A non-finite loss or gradient (logits overflowing, say) must not reach the weights:
     # skip the update, keep the optimizer state, count it. A cond, not a select over the
     # trees: a select holds the old and the new params and moments at once (1 GB more at 135 M).
@@ -174,21 +179,29 @@ class Learner:
             model = init_model(model_cfg, cfg.seed)
         elif model.cfg != model_cfg:
             raise ValueError("the initial model's config differs from model_cfg")
+        # The dtype, attention kernel and logit chunk of every step, for this device.
+        self.numerics = cfg.compute.numerics()
         if cfg.lora.rank:
             self.graphdef, params, frozen = split_lora(add_lora(model, cfg.lora, cfg.seed))
+            # The frozen base is only ever read in the compute dtype: keep it so (half the memory in bf16).
+            frozen = cast_floats(frozen, self.numerics.dtype)
         else:
             (self.graphdef, params), frozen = split_params(model), None
         lr = self.learning_rate = learning_rate_schedule(cfg, total_steps)
         tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adamw(lr, weight_decay=cfg.weight_decay))
-        self.remat = cfg.compute.remat_for(gradients.n_params(params) + gradients.n_params(frozen))
-        step = functools.partial(_train_step, self.graphdef, tx, cfg.loss, cfg.compute, self.remat, span)
+        self._step_of = functools.partial(_train_step, self.graphdef, tx, cfg.loss, self.numerics)
         self.ref_params = None  # set once by set_reference(); only read when kl_coef > 0
         self.skipped_nonfinite = 0
         self._tx, self._opt_shardings = tx, None
+        trainable = sum(x.nbytes for x in jax.tree.leaves(params))
+        resident = trainable + sum(x.nbytes for x in jax.tree.leaves(frozen))
+        devices = mesh.size if mesh is not None else 1  # the state is sharded over them (near enough)
+        memory.check_state(
+            resident // devices, 2 * trainable // devices, "the learner's state", "train a LoRA adapter (--lora_rank)"
+        )
         if mesh is None:
             self.params, self.opt_state, self.frozen = params, tx.init(params), frozen
             self._batch_sharding = None
-            self._step = jax.jit(step, donate_argnums=(0, 1))
         else:
             if frozen is None:
                 shardings = sharding.param_shardings(params, mesh)
@@ -198,13 +211,15 @@ class Learner:
             self.params = jax.device_put(params, shardings)
             self.init_optimizer()
             self._batch_sharding = sharding.batch_sharding(mesh)
-            self._step = jax.jit(step, donate_argnums=(0, 1), out_shardings=(shardings, self._opt_shardings, None))
         self._shardings = None if mesh is None else shardings
+        self._steps: dict[Layout, object] = {}  # the jitted step of each layout tried
         self.steps = 0
-        # Per batch shape: the compiled step, checked against free memory before it first
-        # runs, its FLOPs (XLA's cost analysis) and memory (XLA's memory analysis).
+        # Per batch shape: the layout chosen by memory, the compiled step, its memory (XLA's
+        # memory analysis) and the seconds its compiles took.
+        self.layouts: dict[tuple, Layout] = {}
+        self.compile_s: dict[tuple, float] = {}
+        self.layout_tries: dict[tuple, list] = {}  # every layout considered, with its memory (None: skipped)
         self._compiled: dict[tuple, object] = {}
-        self._flops: dict[tuple, float] = {}
         self.memory: dict[tuple, memory.StepMemory] = {}
 
     def train_params_with(self, train):
@@ -229,28 +244,35 @@ class Learner:
             )
         self.opt_state = jax.device_put(opt_state, self._opt_shardings)
 
+    def _jitted(self, lay: Layout):
+        if lay not in self._steps:
+            step = functools.partial(self._step_of, lay, self.span)
+            out = None if self.mesh is None else (self._shardings, self._opt_shardings, None)
+            self._steps[lay] = jax.jit(step, donate_argnums=(0, 1), out_shardings=out)
+        return self._steps[lay]
+
     def _executable(self, batch: dict):
-        """The step compiled for this batch's shape, once; refused (memory.StepDoesNotFit)
-        before it ever runs if it cannot fit in the memory that is free."""
+        """The step compiled for this batch's shape, once, in the fastest layout that fits
+        in the memory that is free (layout.choose); memory.StepDoesNotFit, with every
+        layout's numbers, before any step runs if none does."""
         key = batch["tokens"].shape
         if key not in self._compiled:
             # Before set_reference (compile_for at start-up) the reference has the params' shapes.
             ref = self._reference() if self.ref_params is not None or not self.cfg.loss.kl_coef else self.params
-            compiled = self._step.lower(self.params, self.opt_state, ref, batch, self.frozen).compile()
-            heap.release()  # the compiler's working memory, before the step's own
             rows, seq_len = key
-            micro = self.cfg.compute.micro_batches_for(rows, seq_len, self.remat)
-            hint = (
-                f"lower the rows per step ({rows} = batch_records x rows) or raise --micro_batches (now {micro}, "
-                f"remat {'on' if self.remat else 'off'})"
+
+            def compile_layout(lay):
+                compiled = self._jitted(lay).lower(self.params, self.opt_state, ref, batch, self.frozen).compile()
+                heap.release()  # the compiler's working memory, before the step's own
+                return compiled
+
+            t0 = time.perf_counter()
+            hint = f"lower the rows per step ({rows} = batch_records x rows), or use --lora_rank"
+            compiled, lay, self.memory[key], self.layout_tries[key] = layout.choose(
+                compile_layout, self.cfg.compute, rows, f"the learner step at {rows}x{seq_len}", hint
             )
-            self.memory[key] = memory.check_step(compiled, f"the learner step at {rows}x{seq_len}", hint)
-            cost = compiled.cost_analysis()
-            cost = cost[0] if isinstance(cost, list) else cost
-            # XLA counts a loop's body once: the micro-batch scan runs it `micro` times (the
-            # optimizer update outside it, counted `micro` times here, is < 0.1 % of a step).
-            flops = float((cost or {}).get("flops", 0.0)) * micro
-            self._flops[key] = flops * (self.mesh.size if self.mesh else 1)
+            self.compile_s[key] = time.perf_counter() - t0
+            self.layouts[key] = lay
             self._compiled[key] = compiled
         return self._compiled[key]
 
@@ -265,10 +287,12 @@ class Learner:
         return self.memory[(rows, seq_len)]
 
     def step_flops(self, records: list[PackedRecord]) -> float:
-        """FLOPs of one compiled step for this batch shape (all devices), measured once."""
-        batch = batch_from_records(records)
-        self._executable(batch)
-        return self._flops[batch["tokens"].shape]
+        """Model FLOPs of a step on this batch (core/policy/flops.py: 6 N a trained token
+        plus causal attention within each segment, and the KL reference's forward): what
+        the step's MFU divides by. Padding and remat's recomputation are not counted."""
+        lengths = segment_lengths(np.concatenate([r.segment_ids for r in records], axis=0))
+        trainable = "adapter" if self.cfg.lora.rank else "all"
+        return train_flops(self.model_cfg, lengths, trainable, reference=self.cfg.loss.kl_coef > 0)
 
     def train_step(self, records: list[PackedRecord]) -> dict[str, float]:
         if len(records) != self.cfg.batch_records:
@@ -296,10 +320,16 @@ class Learner:
     def loss_and_grads(self, records: list[PackedRecord]):
         """((loss, metrics), grads) of a batch under the current params, with no update: the
         step's own path (micro-batches, remat, chunked log-probs), for tests and diagnostics."""
-        fn = functools.partial(_grads, self.graphdef, self.cfg.loss, self.cfg.compute, self.remat, self.span)
         batch = batch_from_records(records)
         if self._batch_sharding is not None:
             batch = jax.device_put(batch, self._batch_sharding)
+        fixed = self.cfg.compute.layouts(batch["tokens"].shape[0])
+        if len(fixed) == 1:  # nothing to choose
+            lay = fixed[0]
+        else:  # the layout the step would run in
+            self._executable(batch)
+            lay = self.layouts[batch["tokens"].shape]
+        fn = functools.partial(_grads, self.graphdef, self.cfg.loss, self.numerics, lay, self.span)
         return jax.jit(fn)(self.params, self._reference(), batch, self.frozen)
 
     def restore(self, step: int, state: dict) -> None:
@@ -348,4 +378,4 @@ class Learner:
         return nnx.to_pure_dict(nnx.state(merge(self.model_of(self.params)), nnx.Param))
 
     def compiled_variants(self) -> int:
-        return len(self._compiled) + self._step._cache_size()
+        return len(self._compiled) + sum(f._cache_size() for f in self._steps.values())

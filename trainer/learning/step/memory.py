@@ -37,7 +37,10 @@ class StepMemory:
     def total_bytes(self) -> int:
         return self.resident_bytes + self.extra_bytes
 
-    def fits(self) -> bool:
+    def fits(self, budget: int | None = None) -> bool:
+        """Whether the extra bytes fit in what is free, less headroom, and in `budget`."""
+        if budget is not None and self.extra_bytes > budget:
+            return False
         return self.free_bytes is None or self.extra_bytes + HEADROOM_BYTES <= HEADROOM_FRACTION * self.free_bytes
 
 
@@ -96,15 +99,20 @@ def _cgroup_room() -> int | None:
     return None
 
 
-def check_step(compiled, what: str, hint: str, free: int | None = None) -> StepMemory:
-    """The compiled step's memory against what is free; StepDoesNotFit, with the numbers
-    and `hint` (what to change), if it cannot fit. `what` names the step, e.g.
-    "the learner step at 4x1152"."""
+def measure(compiled, free: int | None = None) -> StepMemory:
+    """The compiled step's memory against `free` (default: what is free now)."""
     resident, extra = analyse(compiled)
-    found = StepMemory(resident, extra, free_bytes() if free is None else free)
+    return StepMemory(resident, extra, free_bytes() if free is None else free)
+
+
+def check_state(params_bytes: int, new_bytes: int, what: str, hint: str, free: int | None = None) -> None:
+    """Before the optimizer's state is made: StepDoesNotFit, with the numbers, when its
+    `new_bytes` cannot fit beside what is resident (`params_bytes`, already placed). On an
+    accelerator a full fine-tune's Adam moments are the first thing that does not fit
+    (Qwen2.5-1.5B: 6.2 GB of f32 params and 12.3 GB of moments on a 16 GB chip)."""
+    found = StepMemory(params_bytes, new_bytes, free_bytes() if free is None else free)
     if not found.fits():
         raise StepDoesNotFit(
-            f"{what} needs {found.total_bytes / GB:.1f} GB ({resident / GB:.1f} GB of params, optimizer state and "
-            f"batch, {extra / GB:.1f} GB more while it runs), {found.free_bytes / GB:.1f} GB are free: {hint}"
+            f"{what} needs {found.total_bytes / GB:.1f} GB ({params_bytes / GB:.1f} GB of params, "
+            f"{new_bytes / GB:.1f} GB of optimizer state), {found.free_bytes / GB:.1f} GB are free: {hint}"
         )
-    return found
