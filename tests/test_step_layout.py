@@ -59,7 +59,7 @@ def test_fewer_micro_batches_come_before_remat(monkeypatch):
         return lay
 
     free = _just_fits(7 * 2**30)
-    assert layout.choose(compile_layout, ComputeConfig(), 4, "the step", "hint", free)[1] == Layout(False, 2)
+    assert layout.choose(compile_layout, ComputeConfig(), 4, "the step", "hint", free, "tpu")[1] == Layout(False, 2)
     assert compiled == [Layout(False, 1), Layout(False, 2)]
 
 
@@ -87,12 +87,12 @@ def test_xlas_out_of_memory_at_compile_counts_as_not_fitting():
         raise jax.errors.JaxRuntimeError(oom)
 
     with pytest.raises(memory.StepDoesNotFit) as refused:
-        layout.choose(always, ComputeConfig(), 2, "the learner step at 2x1024", "lower the rows", free)
+        layout.choose(always, ComputeConfig(), 2, "the learner step at 2x1024", "lower the rows", free, "tpu")
     text = str(refused.value)
     assert text.startswith("the learner step at 2x1024 fits in no layout (17.2 GB are free): ") and text.endswith(
         "lower the rows"
     ), text
-    for lay in ComputeConfig().layouts(2):
+    for lay in ComputeConfig().layouts(2, "tpu"):
         assert f"{lay}: 23.1 GB (23.1 GB while it runs)" in text, text
 
 
@@ -114,7 +114,7 @@ def test_a_layout_that_cannot_fit_is_skipped_without_compiling():
         raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Used 40.0G of 16.0G hbm")
 
     with pytest.raises(memory.StepDoesNotFit, match="skipped"):
-        layout.choose(compile_layout, ComputeConfig(remat="off"), 4, "the step", "hint", 16 * 2**30)
+        layout.choose(compile_layout, ComputeConfig(remat="off"), 4, "the step", "hint", 16 * 2**30, "tpu")
     assert compiled == [Layout(False, 1), Layout(False, 4)]  # 2 micro-batches need >= 20 GB: not tried
 
 

@@ -124,10 +124,14 @@ def _whole_batch_grads(loss: losses.LossConfig):
 def test_layouts_are_tried_fastest_first_and_a_fixed_count_must_divide_the_rows():
     off = [Layout(False, m) for m in (1, 2, 4)]
     on = [Layout(True, m) for m in (1, 2, 4)]
-    assert ComputeConfig().layouts(4) == off + on  # remat off before on, fewer micro-batches first
-    assert ComputeConfig(remat="on").layouts(4) == on and ComputeConfig(remat="off").layouts(4) == off
-    assert ComputeConfig(micro_batches=2).layouts(4) == [Layout(False, 2), Layout(True, 2)]
-    assert ComputeConfig().layouts(3) == [Layout(False, 1), Layout(False, 3), Layout(True, 1), Layout(True, 3)]
+    # On an accelerator: remat off before on, fewer micro-batches first.
+    assert ComputeConfig().layouts(4, "tpu") == off + on
+    assert ComputeConfig(remat="on").layouts(4, "tpu") == on and ComputeConfig(remat="off").layouts(4, "tpu") == off
+    assert ComputeConfig(micro_batches=2).layouts(4, "tpu") == [Layout(False, 2), Layout(True, 2)]
+    assert ComputeConfig().layouts(3, "gpu") == [Layout(False, 1), Layout(False, 3), Layout(True, 1), Layout(True, 3)]
+    # On a CPU one row a micro-batch (a smaller working set runs faster there), unless fixed.
+    assert ComputeConfig().layouts(4, "cpu") == [Layout(False, 4), Layout(True, 4)]
+    assert ComputeConfig(micro_batches=2).layouts(4, "cpu") == [Layout(False, 2), Layout(True, 2)]
     with pytest.raises(ValueError, match="must divide the step's 8 rows"):
         ComputeConfig(micro_batches=3).layouts(8)
     with pytest.raises(ValueError, match="remat"):
@@ -142,8 +146,8 @@ def test_a_step_that_cannot_fit_is_refused_before_it_runs_with_the_numbers(monke
         learner.train_step([random_record(1, vocab=300), random_record(2, vocab=300)])
     text = str(refused.value)
     assert "the learner step at 8x64 fits in no layout (0.0 GB are free)" in text, text
-    # Every layout is named with what it needs, or as skipped because a smaller one did not fit.
-    assert "remat off, 1 micro-batch(es): 0." in text and "remat on, 8 micro-batch(es)" in text, text
+    # Every layout is named with what it needs (on a CPU: one row a micro-batch, remat off, then on).
+    assert "remat off, 8 micro-batch(es): 0.0 GB" in text and "remat on, 8 micro-batch(es): 0.0 GB" in text, text
     assert "lower the rows per step" in text
     assert learner.steps == 0
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(learner.params), strict=True):

@@ -45,16 +45,18 @@ def choose(
     what: str,
     hint: str,
     free: int | None = None,
+    backend: str | None = None,
 ) -> tuple[object, Layout, memory.StepMemory, list[tuple[Layout, memory.StepMemory | None]]]:
     """(compiled step, its layout, its memory, every layout considered with its memory or
     None where skipped unseen). `compile_layout(layout)` compiles the step in that layout.
-    free: the bytes the step may use (default: the device's free memory now). Raises
+    free: the bytes the step may use (default: the device's free memory now); backend:
+    whose layouts (default: JAX's). Raises
     memory.StepDoesNotFit, naming each layout's needs and `hint`, when none fits."""
     free = memory.free_bytes() if free is None else free
     budget = int(compute.memory_gb * memory.GB) if compute.memory_gb else None
     tried: list[tuple[Layout, memory.StepMemory | None]] = []
     seen: dict[bool, tuple[int, int]] = {}  # remat -> (micro-batches, extra bytes) of the last compiled
-    for layout in compute.layouts(rows):
+    for layout in compute.layouts(rows, backend):
         if layout.remat in seen:
             m0, extra0 = seen[layout.remat]
             floor = memory.StepMemory(0, extra0 * m0 // layout.micro_batches, free)
