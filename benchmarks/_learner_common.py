@@ -89,43 +89,26 @@ class PhaseTimer:
 
 
 class StepCall:
-    """The positional arguments Learner.train_step passes to its jitted learner._step,
-    captured on one real call (its signature changes as the learner grows: today
-    (params, opt_state, [ref_params,] batch)). Kept as shapes only: params and optimizer
-    state are donated by the call."""
+    """The learner's compiled step for one batch shape (Learner._executable: the layout it
+    chose), run on one real train_step first, and called as train_step calls it:
+    (params, opt_state, ref_params, batch, frozen)."""
 
     def __init__(self, learner, records):
-        from core.policy.model import abstract_tree
+        from trainer.learning.step.learner import batch_from_records
 
-        jitted, seen = learner._step, []
-
-        def spy(*a, **k):
-            seen.append((a, k))
-            return jitted(*a, **k)
-
-        learner._step = spy
-        try:
-            learner.train_step(records)
-        finally:
-            learner._step = jitted
-        ((args, kwargs),) = seen
-        if kwargs:
-            raise RuntimeError(f"train_step passed keyword arguments {sorted(kwargs)}: update StepCall")
-        self.batch_index = next(i for i, a in enumerate(args) if isinstance(a, dict) and "tokens" in a)
-        self.shapes = abstract_tree(args)
+        learner.train_step(records)  # compiles the shape and chooses its layout
+        self.compiled = learner._executable(batch_from_records(records))
 
     def flops(self, learner) -> float:
-        """XLA's FLOPs for one compiled step (cost analysis of the lowered call)."""
-        cost = learner._step.lower(*self.shapes).compile().cost_analysis()
+        """XLA's FLOPs for one compiled step (cost analysis of the compiled call)."""
+        cost = self.compiled.cost_analysis()
         if isinstance(cost, (list, tuple)):
             cost = cost[0]
         return float(cost.get("flops", 0.0)) if cost else 0.0
 
     def call_with(self, learner, device_batch):
-        """One jitted step on a device-resident batch, state threaded as train_step does."""
-        args = list(self.shapes)
-        args[0], args[1], args[self.batch_index] = learner.params, learner.opt_state, device_batch
-        if any(a is not None for i, a in enumerate(args) if i not in (0, 1, self.batch_index)):
-            raise RuntimeError("the step takes more than params, opt_state, batch (and Nones): update StepCall")
-        learner.params, learner.opt_state, metrics = learner._step(*args)
+        """One compiled step on a device-resident batch, state threaded as train_step does."""
+        learner.params, learner.opt_state, metrics = self.compiled(
+            learner.params, learner.opt_state, learner._reference(), device_batch, learner.frozen
+        )
         return metrics

@@ -56,7 +56,7 @@ def bench_profile(args) -> None:
     learner = Learner(ModelConfig(), LearnerConfig(batch_records=b))
     batch = make_records(600_000, b, *shape)
     call = StepCall(learner, batch)
-    hlo = learner._step.lower(*call.shapes).compile().as_text()
+    hlo = call.compiled.as_text()
     op_meta = {}
     for line in hlo.splitlines():
         m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .*?op_name=\"([^\"]*)\"", line)

@@ -19,8 +19,8 @@ then generated tokens), encoded with core.contracts.records.encode and attribute
 2. steps: Learner.train_step at batch_records 1, 2, 4, 8 after warm-up: mean/p50/p95 of
    the whole call (stack the records, host->device, jitted step, metrics to floats), the
    jitted step alone on a device-resident batch (block_until_ready), tokens/s, and
-   FLOP/s from XLA's cost analysis of learner._step lowered with the arguments train_step
-   passes it (captured on a real call, so a change of the step's signature is followed),
+   FLOP/s from XLA's cost analysis of the step Learner._executable compiled for the shape
+   (in the layout train_step chose),
    and the model's forward alone for comparison.
    profile: a jax.profiler trace of a few steps at --batch_records; XLA op CPU time by op
    kind, forward+update against backward.
@@ -250,7 +250,7 @@ def bench_steps(args) -> None:
         rows,
         note=(
             "ms = one train_step call (stack records, host->device, jitted step, metrics to float); "
-            "jit-only = learner._step on a device-resident batch + block_until_ready; "
+            "jit-only = the compiled step on a device-resident batch + block_until_ready; "
             "fwd = the model's forward + token log-probs alone (no loss, no gradient), jitted; "
             "slots/s counts padding too; GFLOP from compile().cost_analysis()['flops'], GFLOP/s = that / mean; "
             "variants = learner.compiled_variants() after the timed train_steps."

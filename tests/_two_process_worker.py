@@ -57,12 +57,13 @@ def train_step(learner: Learner, share: list) -> dict[str, float]:
     """Learner.train_step, fed with this process's share of the batch only (what
     Learner.train_step does with the whole batch on one process)."""
     batch = global_batch(batch_from_records(share), learner.mesh)
-    args = (learner.params, learner.opt_state, learner._reference(), batch, None)
-    if not learner.steps_compiled:  # ahead of its first run, everywhere (the call reuses it)
-        learner._step.lower(*args).compile()
+    step = learner._executable(batch)  # compiled ahead of its first run, everywhere
+    if not learner.steps_compiled:
         barrier(f"train step compiled {learner.steps}")
         learner.steps_compiled = True
-    learner.params, learner.opt_state, metrics = learner._step(*args)
+    learner.params, learner.opt_state, metrics = step(
+        learner.params, learner.opt_state, learner._reference(), batch, learner.frozen
+    )
     learner.steps += 1
     return {k: float(v) for k, v in metrics.items()}
 
