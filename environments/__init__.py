@@ -4,7 +4,14 @@ Pure Python: must not import apache_beam, jax, flax or optax.
 """
 
 from environments.base import Environment, EpisodeStatus, StepResult, Task
-from environments.calculator import CalcError, CalculatorConfig, CalculatorEnv, generate_tasks, safe_eval
+from environments.calculator import (
+    CalcError,
+    CalculatorConfig,
+    CalculatorEnv,
+    ChainedCalculatorEnv,
+    generate_tasks,
+    safe_eval,
+)
 from environments.code import CodeConfig, CodeEnv
 from environments.guess import GuessConfig, GuessEnv
 from environments.latency import LatencyModel, LatencySampler
@@ -26,6 +33,7 @@ __all__ = [
     "CalcError",
     "CalculatorConfig",
     "CalculatorEnv",
+    "ChainedCalculatorEnv",
     "CodeConfig",
     "CodeEnv",
     "Environment",

@@ -27,6 +27,7 @@ from environments.tool_env import ToolEnvironment
 TOOL_NAME = "calc"
 MAX_ABS_VALUE = 10**12  # Bounds every literal and intermediate: no giant-int CPU burn.
 _INT_ANSWER_RE = re.compile(r"[+-]?[0-9]{1,32}\Z")  # ASCII only: int() would take "８" or "1_0".
+MAX_TASK_OPS = 4  # operations in one task: prompts stay short (<= 24 chars), values small.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +38,15 @@ class CalculatorConfig:
     # The tool does this many binary operations per call: with 1, a task with two
     # operators needs two calls (multi-step tool use), the result of one feeding the next.
     max_ops_per_call: int = bounded(1, ge=1)
+    # The tasks' shape (operations per task), read by the task generator from the same
+    # env_config; here so that config is accepted and checked in one place.
+    min_ops: int = bounded(1, ge=1, le=MAX_TASK_OPS)
+    max_ops: int = bounded(2, ge=1, le=MAX_TASK_OPS)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tool_latency", as_latency_model(self.tool_latency))
         check_fields(self)
+        _check_ops(self.min_ops, self.max_ops)
 
 
 class CalcError(ValueError):
@@ -131,6 +137,35 @@ class CalculatorEnv(ToolEnvironment):
             return format_error(str(e)), 0.0, False
 
 
+# The chained game's settings (registry's `calculator_chained`): every task has 2-3
+# operations and the tool does one per call, so each result must be fed into the next call.
+CHAINED_DEFAULTS = {"max_ops_per_call": 1, "min_ops": 2, "max_ops": 3}
+
+
+class ChainedCalculatorEnv(CalculatorEnv):
+    """The calculator where no task can be done in one call (with max_ops_per_call 2 a
+    warm-started model already solves the plain one greedily): the model must chain calls."""
+
+    name = "calculator_chained"
+    tool_description = (
+        "Evaluate ONE integer operation (+ - * // %) per call, e.g. 12*7; "
+        "for longer expressions call again with the result."
+    )
+    tool_argument_description = "one operation on two integers, e.g. 12*7 or 84-5"
+
+    def __init__(self, config: CalculatorConfig | None = None) -> None:
+        super().__init__(config or chained_config())
+
+
+def chained_config(**kwargs) -> CalculatorConfig:
+    """CHAINED_DEFAULTS overridden by `kwargs`; max_turns defaults to a call per operation,
+    the answer and one spare turn, so a refused call can be retried even at max_ops."""
+    settings = {**CHAINED_DEFAULTS, **kwargs}
+    if "max_turns" not in settings and settings["max_ops"] in range(1, MAX_TASK_OPS + 1):
+        settings["max_turns"] = settings["max_ops"] + 2  # else the config refuses max_ops itself
+    return CalculatorConfig(**settings)
+
+
 # --- Task generation -------------------------------------------------------------------
 
 SPLITS = ("train", "test")
@@ -143,21 +178,44 @@ def _split_of(expr: str) -> str:
     return "test" if h % 100 < _TEST_PERCENT else "train"
 
 
-def _random_expr(rng: random.Random) -> str:
+def _check_ops(min_ops, max_ops) -> None:
+    for name, v in (("min_ops", min_ops), ("max_ops", max_ops)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TASK_OPS:
+            raise ValueError(f"{name} must be an int in [1, {MAX_TASK_OPS}], got {v!r}")
+    if min_ops > max_ops:
+        raise ValueError(f"min_ops ({min_ops}) must be <= max_ops ({max_ops}): operations per task")
+
+
+def _random_expr(rng: random.Random, ops: tuple[int, ...] = (1, 2)) -> str:
     # Small operands and + - * keep prompts short and answers learnable by a tiny model.
-    n_ops = rng.choice((1, 2))
+    # choice over a tuple of the same length draws the same index: (1, 2) keeps old tasks.
+    n_ops = rng.choice(ops)
     parts = [str(rng.randint(0, 20))]
     for _ in range(n_ops):
         parts += [rng.choice("+-*"), str(rng.randint(0, 20))]
     return "".join(parts)
 
 
-def generate_tasks(seed: int, n: int, split: str = "train") -> list[Task]:
-    """`n` distinct calculator tasks, deterministic per (seed, split)."""
+def generate_tasks(seed: int, n: int, split: str = "train", *, min_ops: int = 1, max_ops: int = 2) -> list[Task]:
+    """`n` distinct calculator tasks, deterministic per (seed, split), each with
+    min_ops..max_ops operations (uniformly)."""
+    return _generate(seed, n, split, min_ops, max_ops, "calculator")
+
+
+def generate_chained_tasks(
+    seed: int, n: int, split: str = "train", *, min_ops: int = 2, max_ops: int = 3
+) -> list[Task]:
+    """The chained game's tasks: ids `calculator_chained-...`, apart from the plain game's."""
+    return _generate(seed, n, split, min_ops, max_ops, "calculator_chained")
+
+
+def _generate(seed: int, n: int, split: str, min_ops: int, max_ops: int, prefix: str) -> list[Task]:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be an int >= 0, got {n!r}")
+    _check_ops(min_ops, max_ops)
+    ops = tuple(range(min_ops, max_ops + 1))
     rng = random.Random(f"calculator:{seed}:{split}")
     tasks: list[Task] = []
     seen: set[str] = set()
@@ -166,14 +224,14 @@ def generate_tasks(seed: int, n: int, split: str = "train") -> list[Task]:
         attempts += 1
         if attempts > 50 * n + 1000:
             raise ValueError(f"cannot draw {n} distinct {split} tasks; ask for fewer")
-        expr = _random_expr(rng)
+        expr = _random_expr(rng, ops)
         if expr in seen or _split_of(expr) != split:
             continue
         seen.add(expr)
         digest = hashlib.sha256(expr.encode()).hexdigest()[:12]
         tasks.append(
             Task(
-                task_id=f"calculator-{split}-{digest}",
+                task_id=f"{prefix}-{split}-{digest}",
                 prompt=f"Compute {expr}. ",
                 target=str(safe_eval(expr)),
                 meta={"expression": expr},

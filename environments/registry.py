@@ -125,6 +125,9 @@ def _register_builtins() -> None:
     from environments.calculator import (
         CalculatorConfig,
         CalculatorEnv,
+        ChainedCalculatorEnv,
+        chained_config,
+        generate_chained_tasks,
         generate_tasks,
         oracle_action,
         whole_expression_action,
@@ -140,6 +143,12 @@ def _register_builtins() -> None:
         oracle=oracle_action,
         oracle_styles={"whole": whole_expression_action},
     )
+
+    def make_calculator_chained(**kwargs) -> ChainedCalculatorEnv:
+        return ChainedCalculatorEnv(chained_config(**kwargs))
+
+    # No "whole" style: one operation per call refuses every whole-expression call here.
+    register("calculator_chained", make_calculator_chained, tasks=generate_chained_tasks, oracle=oracle_action)
 
     from environments.guess import GuessConfig, GuessEnv
     from environments.guess import generate_tasks as guess_tasks

@@ -9,8 +9,11 @@ next to the Vertex AI learner job (or anywhere) against the gs:// store. It poll
 store and evaluates the newest version it has not scored yet, in every mode (sampled at
 temperature 1, and greedy), on N test-split tasks; versions published while it was busy
 are skipped and counted, never queued without bound. Each (version, mode) becomes one
-JSON row of --out: success, mean turns, tool-call error rate, episode statuses, the
-version's learner step and publish time. With --stop_file, once that file holds the final
+JSON row of --out: success and its standard error, pass@k with --samples > 1, mean
+turns, tool-call error rate, episode statuses, the version's learner step and publish
+time. With --temperatures the first version is also scored at each of them (mode
+"sweep", its temperature in the row): pass@1 of v0 at a lower temperature is what RL
+must beat to show more than sharpening. With --stop_file, once that file holds the final
 version number, it scores that version too and exits, giving up an evaluation of an
 earlier version it is in the middle of. Its episodes never produce trajectories or
 records, so evaluation never trains. Its flags are EvaluatorConfig's
@@ -57,6 +60,24 @@ class EvaluatorConfig:
     task_seed: int = knob(0, "seed of the held-out tasks")
     data_dir: str | None = knob(None, "read the test split from the environment's TFDS dataset", wiring=True)
     modes: str = knob(",".join(MODES), f"comma-separated, from {MODES}")
+    samples: int = knob(
+        1,
+        "sampled episodes per task in the sampled mode (and the sweep): pass@k for k = 1, 2, 4 .. samples "
+        "(Chen et al.'s unbiased estimator); costs samples x the episodes",
+        ge=1,
+    )
+    samples_at: str = knob(
+        "ends",
+        "which versions get --samples per task: every one evaluated, or only the first and the final "
+        "(the others one, pass@1 alone)",
+        choices=("every", "ends"),
+    )
+    temperatures: str = knob(
+        "",
+        "the first version's temperature sweep: comma-separated temperatures (> 0) it is also scored at, "
+        "--samples per task, a row each (mode sweep); the control that tells sharpening from learning "
+        "(1 is the sampled mode's own row)",
+    )
     greedy_at: str = knob(
         "every",
         "which versions the greedy mode scores: every one evaluated, or only the first and the final "
@@ -142,6 +163,7 @@ def _run(args, writer, tracer) -> list[dict]:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         raise SystemExit(f"--modes must name some of {MODES}, got {args.modes!r}")
+    sweep = sweep_temperatures(args.temperatures)
     spec = policy_spec(args.model.checkpoint, args.model.builtin)
     tasks = held_out_tasks(args)
     limits = EpisodeLimits(
@@ -182,6 +204,7 @@ def _run(args, writer, tracer) -> list[dict]:
             version = versions[-1]  # the newest: a curve with gaps beats a queue that falls behind
             skipped += len(versions) - 1
             todo = _modes_for(modes, args.greedy_at, version, first=done < 0, final=final)
+            todo += [f"{SWEEP}@{t:g}" for t in sweep] if done < 0 else []
         elif final is not None and done >= final:
             # The final version may have been scored before it was known to be the final one.
             version, todo = final, [m for m in modes if m not in scored.get(final, set())]
@@ -201,19 +224,23 @@ def _run(args, writer, tracer) -> list[dict]:
             continue
         # The first version scored is the run's baseline (v0): never given up.
         superseded = functools.partial(_superseded, args.stop_file, version) if done >= 0 else None
-        for mode in todo:
+        ends = done < 0 or version == final or args.samples_at == "every"
+        for task in todo:
+            mode, temperature = mode_temperature(task)
             row = {
                 "version": version,
                 "step": meta.get("metadata", {}).get("step"),
                 "mode": mode,
+                "temperature": temperature,
                 "published_at": meta.get("written_at"),
                 "evaluated_at": time.time(),
                 "skipped_versions": skipped,
             }
-            with tracer.span("evaluate", "evaluator", version=version, mode=mode) as span:
-                sampler.greedy = mode == "greedy"
+            samples = 1 if mode == "greedy" or not ends else args.samples  # greedy: the same episode n times
+            with tracer.span("evaluate", "evaluator", version=version, mode=mode, temperature=temperature) as span:
+                sampler.temperature = temperature
                 try:
-                    row.update(evaluate(params, sampler, *episode_args, superseded))
+                    row.update(evaluate(params, sampler, *episode_args, superseded, samples))
                 except Superseded:
                     log.info(
                         "eval v%d %s given up: the learner is done, and a later version is the final", version, mode
@@ -223,7 +250,7 @@ def _run(args, writer, tracer) -> list[dict]:
                 span.args["success"] = row["success"]
             write_examples(out, row)
             rows.append(row)
-            scored.setdefault(version, set()).add(mode)
+            scored.setdefault(version, set()).add(task)
             heap.release()  # an evaluation's freed episode state, kept by glibc otherwise
             # Step: the learner step that published the version, so eval/ lines up with losses/.
             memory = process_memory.sample({"mem/compiled_variants": sampler.compiled_variants()})
@@ -232,9 +259,10 @@ def _run(args, writer, tracer) -> list[dict]:
                 process_memory.write_growth(writer.local_dir / "tracemalloc.txt")
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            passes = " ".join(f"pass@{k} {v:.3f}" for k, v in row.get("pass_at", {}).items())
             log.info(
-                "eval v%d %s: success %.3f over %d tasks (%.1fs): %s",
-                *(version, mode, row["success"], row["n"], row["eval_s"]),
+                "eval v%d %s: success %.3f over %d tasks x %d (%.1fs) %s: %s",
+                *(version, task, row["success"], row["tasks"], samples, row["eval_s"], passes),
                 ", ".join(f"{k} {v}" for k, v in sorted(row["outcomes"].items())),
             )
         done = max(done, version)
@@ -250,6 +278,27 @@ def write_examples(out: Path, row: dict) -> None:
                 f.write(json.dumps({"version": row["version"], "mode": row["mode"], "class": kind, **episode}) + "\n")
 
 
+SWEEP = "sweep"
+
+
+def sweep_temperatures(text: str) -> list[float]:
+    """--temperatures as floats; 1 is left out (the sampled mode's row is that point)."""
+    try:
+        temps = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"--temperatures must be comma-separated numbers, got {text!r}") from None
+    if any(not t > 0 for t in temps):
+        raise SystemExit(f"--temperatures must all be > 0 (greedy is its own mode), got {text!r}")
+    return sorted({t for t in temps if t != 1.0})
+
+
+def mode_temperature(task: str) -> tuple[str, float]:
+    """("sampled", 1.0), ("greedy", 0.0) or ("sweep", T) for "sweep@T"."""
+    if task.startswith(f"{SWEEP}@"):
+        return SWEEP, float(task.split("@", 1)[1])
+    return task, 0.0 if task == "greedy" else 1.0
+
+
 def _modes_for(modes: list[str], greedy_at: str, version: int, first: bool, final: int | None) -> list[str]:
     if greedy_at == "every" or first or version == final:
         return modes
@@ -257,8 +306,10 @@ def _modes_for(modes: list[str], greedy_at: str, version: int, first: bool, fina
 
 
 def eval_scalars(row: dict) -> dict:
-    m = row["mode"]
+    m = row["mode"] if row["mode"] != SWEEP else f"T{row['temperature']:g}"
     out = {"eval/version": row["version"], f"eval/{m}_success": row["success"]}
+    for k, v in (row.get("pass_at") or {}).items():
+        out[f"eval/{m}_pass@{k}"] = v
     out["eval/skipped_versions"] = row["skipped_versions"]
     for k in ("mean_turns", "tool_calls_per_episode", "tool_error_rate", "malformed_rate", "eval_s", "sandbox_s"):
         if isinstance(row.get(k), int | float):

@@ -17,6 +17,7 @@ import numpy as np
 
 import environments
 from core.policy.sampling import Sampler
+from core.rl.pass_at_k import pass_at_ks, standard_error
 from rollout.engine import InferenceEngine
 from rollout.episodes import EpisodeLimits, run_episode
 
@@ -96,11 +97,20 @@ def evaluate(
     chat_format=None,
     examples: int = 0,
     superseded: Callable[[], bool] | None = None,
+    samples: int = 1,
 ) -> dict:
-    """The summary of one episode per task under `params` (sampler.greedy picks the mode),
-    in the model's chat format (default: the byte format); with `examples`, "examples" holds
-    up to that many transcripts of each failure class. Raises Superseded, its episodes
-    cancelled, once `superseded()` is true (asked at the start, then every second)."""
+    """The summary of `samples` episodes per task under `params` (sampler.temperature picks
+    the mode: 0 is greedy), in the model's chat format (default: the byte format): success
+    is the mean over every episode (pass@1), with its standard error over tasks; with
+    samples > 1 also pass@k for k = 1, 2, 4 .. samples ("pass_at", "pass_at_se", keyed by
+    k as a string). With `examples`, "examples" holds up to that many transcripts of each
+    failure class. Raises Superseded, its episodes cancelled, once `superseded()` is true
+    (asked at the start, then every second)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    # A task's samples side by side: they start from one prompt, which the engine prefills
+    # once and copies (share_prompts), as it does for a GRPO group.
+    tasks = [t for t in tasks for _ in range(samples)]
     # The engine holds its loop task, whose coroutine holds the engine: a reference cycle
     # that lives until the next full gc pass. Through a holder emptied here, it no longer
     # pins the params: at SmolLM2's size it kept a whole version's 0.5 GB beside the next
@@ -124,10 +134,25 @@ def evaluate(
         gc.collect()
         raise Superseded
     success = envs[0].success if envs else None  # the environment's own criterion, not a shaped reward
-    row = {**summarize(outcomes, success), "eval_s": round(time.monotonic() - t0, 2)}
+    row = {**summarize(outcomes, success), "eval_s": round(time.monotonic() - t0, 2), "samples": samples}
+    row.update(pass_at_row(outcomes, success, samples))
     if examples:
         row["examples"] = failure_examples(outcomes, tasks, success, engine.chat_format.tokenizer, examples)
     return row
+
+
+def pass_at_row(outcomes, success, samples: int) -> dict:
+    """The row's figures per task: "tasks", success's standard error over tasks, and with
+    samples > 1 pass@k and its standard error (core/rl/pass_at_k.py). `outcomes` hold each
+    task's samples side by side."""
+    success = success or (lambda reward, info: reward > 0)
+    wins = np.array([bool(success(o.reward, o.info)) for o in outcomes], np.float64).reshape(-1, samples)
+    out = {"tasks": len(wins), "success_se": standard_error(wins.mean(axis=1))}
+    if samples > 1:
+        means, errors = pass_at_ks([int(c) for c in wins.sum(axis=1)], samples)
+        out["pass_at"] = {str(k): round(v, 4) for k, v in means.items()}
+        out["pass_at_se"] = {str(k): round(v, 4) for k, v in errors.items()}
+    return out
 
 
 def failure_examples(outcomes, tasks, success, tokenizer, k: int) -> dict[str, list[dict]]:

@@ -43,7 +43,7 @@ def publish(store: PolicyStore, version: int, seed: int) -> None:
     store.publish(version, params, {"step": 5 * version})
 
 
-def run_evaluator(tmp_path, store_dir, final: int, n: int = 12) -> list[dict]:
+def run_evaluator(tmp_path, store_dir, final: int, n: int = 12, **extra) -> list[dict]:
     (tmp_path / "final").write_text(str(final))
     cmd = commands.evaluator(
         policy_root=str(store_dir),
@@ -52,6 +52,7 @@ def run_evaluator(tmp_path, store_dir, final: int, n: int = 12) -> list[dict]:
         stop_file=str(tmp_path / "final"),
         slots=16,
         timeout_s=240,
+        **extra,
     )
     with ProcessGroup(cmd, tmp_path / "evaluator.log", {**os.environ, "JAX_PLATFORMS": "cpu"}) as proc:
         deadline = time.monotonic() + 280
@@ -87,6 +88,29 @@ def test_scores_the_newest_version_in_both_modes_and_counts_what_it_skipped(tmp_
         assert failed and {e["class"] for e in mine} == set(failed)
         assert all(sum(e["class"] == k for e in mine) == min(2, c) for k, c in failed.items())
         assert all(e["prompt"] and e["target"] and isinstance(e["text"], str) for e in mine)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_samples_per_task_give_pass_at_k_and_v0_is_swept_over_temperatures(tmp_path):
+    """--samples 4: the sampled rows score each task 4 times (pass@1, 2, 4 with standard
+    errors), greedy once; --temperatures: v0 alone gets a row at each, 1 being the sampled
+    row itself; a version between the ends (samples_at ends) gets one sample."""
+    store = PolicyStore(tmp_path / "store")
+    publish(store, 0, seed=0)
+    rows = run_evaluator(tmp_path, tmp_path / "store", final=0, n=6, samples=4, temperatures="0.5,1")
+    by = {(r["mode"], r["temperature"]): r for r in rows}
+    assert sorted(by) == [("greedy", 0.0), ("sampled", 1.0), ("sweep", 0.5)], sorted(by)
+    for key in [("sampled", 1.0), ("sweep", 0.5)]:
+        r = by[key]
+        assert (r["samples"], r["tasks"], r["n"]) == (4, 6, 24) and sum(r["status"].values()) == 24
+        assert sorted(r["pass_at"], key=int) == ["1", "2", "4"] == sorted(r["pass_at_se"], key=int)
+        assert r["pass_at"]["1"] == pytest.approx(r["success"], abs=1e-4)
+        assert r["pass_at"]["1"] <= r["pass_at"]["2"] <= r["pass_at"]["4"]
+    greedy = by[("greedy", 0.0)]
+    assert (greedy["samples"], greedy["n"]) == (1, 6) and "pass_at" not in greedy and "success_se" in greedy
+    log = (tmp_path / "evaluator.log").read_text()
+    assert "eval v0 sweep@0.5" in log and "over 6 tasks x 4" in log
 
 
 @pytest.mark.timeout(400)

@@ -65,7 +65,12 @@ def _eval_rows() -> list[dict]:
         for mode, success in (("sampled", sampled), ("greedy", greedy)):
             row = {"version": version, "step": step, "mode": mode, "published_at": T0 + 6 + 20 * version}
             rows.append({**row, "evaluated_at": row["published_at"] + 5, "n": 32, "success": success})
-    return rows
+    for row, at_4 in ((rows[0], 0.5), (rows[2], 1.0)):  # sampled: 8 tasks x 4, pass@k
+        row.update(samples=4, tasks=8, temperature=1.0, success_se=0.05, pass_at={"1": row["success"], "4": at_4})
+        row["pass_at_se"] = {"1": 0.05, "2": 0.06, "4": 0.07}
+        row["pass_at"]["2"] = (row["success"] + at_4) / 2
+    sweep = {**rows[0], "mode": "sweep", "temperature": 0.5, "success": 0.3, "evaluated_at": rows[0]["evaluated_at"] + 1}
+    return rows + [{**sweep, "pass_at": {"1": 0.3, "2": 0.35, "4": 0.4}}]
 
 
 def _summary() -> RunSummary:
@@ -153,7 +158,7 @@ def test_full_run_report_embeds_every_plot(tmp_path):
     assert f"# Run report: {tmp_path}" in text
     assert "[trace.json](trace.json)" in text and "https://ui.perfetto.dev" in text and "chrome://tracing" in text
     refs = _png_refs(text)
-    names = {"success", "learner", "staleness", "fill", "rollout", "timeline"}
+    names = {"success", "pass_at_k", "learner", "staleness", "fill", "rollout", "timeline"}
     assert sorted(refs) == sorted(f"report/{n}.png" for n in names)
     for ref in refs:
         assert_legible_png(tmp_path / ref)
@@ -171,14 +176,19 @@ def test_full_run_report_embeds_every_plot(tmp_path):
     assert "| train reward vs held-out sampled, per version | n/a (2 versions with both) |" in text
     assert f"tensorboard --logdir {tmp_path / 'logs'}" in text
     # Each file's cut-short last line was skipped.
-    assert "`logs/learner/metrics.jsonl` (10 rows)" in text and "`eval.jsonl` (4 rows)" in text
+    # pass@k at both ends, and v0's sweep (its row is not a mode of its own in the curves).
+    assert "| pass@k | held-out at v1 (last): pass@1 0.950 ± 0.050, pass@4 1.000 ± 0.070" in text
+    assert "v0 pass@1 by temperature: T=0.5 0.300 ± 0.050, T=1 0.250 ± 0.050" in text
+    assert "is above v0's best pass@1 over temperatures (0.300 at T=0.5)" in text and "sweep (first" not in text
+    assert "`logs/learner/metrics.jsonl` (10 rows)" in text and "`eval.jsonl` (5 rows)" in text
     assert "(v9)" not in text
 
 
 def test_summary_and_eval_only_notes_what_is_missing(tmp_path):
     make_run(tmp_path, logs=False)
     text = report.write_report(tmp_path).read_text()
-    assert _png_refs(text) == ["report/success.png", "report/staleness.png"]  # both need only these two files
+    # All three need only these two files.
+    assert _png_refs(text) == ["report/success.png", "report/pass_at_k.png", "report/staleness.png"]
     for ref in _png_refs(text):
         assert_legible_png(tmp_path / ref)
     assert "_Skipped: no logs/learner/metrics.jsonl rows._" in text
@@ -193,7 +203,7 @@ def test_summary_and_eval_only_notes_what_is_missing(tmp_path):
 def test_empty_workdir_still_gets_a_report(tmp_path):
     text = report.write_report(tmp_path).read_text()
     assert _png_refs(text) == []
-    assert text.count("_Skipped:") == 7  # six plots and the accounting
+    assert text.count("_Skipped:") == 8  # seven plots and the accounting
     assert "No run_summary.json or summary.json" in text and "| learner steps | n/a |" in text
 
 
@@ -212,7 +222,7 @@ def test_truncated_last_jsonl_line_is_skipped(tmp_path):
     assert report.read_jsonl(tmp_path / "absent.jsonl") == []
     make_run(tmp_path)  # every file ends in a cut line (the full-report test renders this run)
     run = report.load_run(tmp_path)
-    assert len(run.evals) == 4 and len(run.learner) == 10 and len(run.rollouts["rollout-vm-2"]) == 5
+    assert len(run.evals) == 5 and len(run.learner) == 10 and len(run.rollouts["rollout-vm-2"]) == 5
     assert max(r["version"] for r in run.evals) == 1
 
 

@@ -122,7 +122,7 @@ def test_a_changed_evaluator_config_round_trips_through_argv():
         **dict(slots=4, poll_s=0.5, stop_file="/out/final", timeout_s=60.0, seed=7, examples=3, nice=5),
         **dict(logdir="/logs", trace_dir="/traces", model="/checkpoints/qwen2"),
         **dict(prefill=16, prefill_slots=2, episode_timeout_s=300.0, greedy_at="ends"),
-        **dict(decode_steps=4, dtype="bfloat16"),
+        **dict(decode_steps=4, dtype="bfloat16", samples=4, samples_at="every", temperatures="0.5,0.8"),
     )
     argv = config.to_argv(cfg)
     assert config.parse(EvaluatorConfig, argv) == cfg

@@ -67,15 +67,25 @@ def ends_with_stop(recent, ids, lens):
     return jnp.any(jnp.all(same, axis=-1) & (lens > 0)[None], axis=-1)
 
 
-def pick(logits, key, greedy: bool):
-    """The next token and its log-prob: drawn at temperature 1, or the argmax."""
-    return draw.greedy(logits) if greedy else draw.sample(logits, key)
+def pick(logits, key, temperature: float):
+    """The next token and its log-prob under the model (temperature 1): drawn at
+    `temperature`, the argmax at 0. Only 1 draws what the learner's ratios assume; other
+    temperatures are evaluation's (a sweep of v0), their log-probs never trained on."""
+    if isinstance(temperature, bool) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if temperature == 0:
+        return draw.greedy(logits)
+    if temperature == 1:
+        return draw.sample(logits, key)
+    token, _ = draw.sample(logits.astype(jnp.float32) / temperature, key)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=1)[:, 0]
 
 
 def run(
-    graphdef, treedef, greedy, steps, read_len, leaves, cache, tokens, start, budget, use_stops, recent, stops, key
+    graphdef, treedef, temperature, steps, read_len, leaves, cache, tokens, start, budget, use_stops, recent, stops, key
 ):
-    """The loop, traced under jit (static: graphdef, treedef, greedy, steps, read_len).
+    """The loop, traced under jit (static: graphdef, treedef, temperature, steps, read_len).
 
     tokens [S]: each slot's last token, fed at start[S]; budget [S]: tokens it may sample
     (0: not decoding; its junk writes stay at `start`, past its content); use_stops [S]:
@@ -93,7 +103,7 @@ def run(
         i, _, tok, cache, recent, key, out, out_logp = carry
         key, sub = jax.random.split(key)
         logits, cache = model.decode(tok[:, None], jnp.where(active, start + i, start), cache, zero, read_len)
-        nxt, logp = pick(logits, sub, greedy)
+        nxt, logp = pick(logits, sub, temperature)
         out, out_logp = out.at[:, i].set(nxt), out_logp.at[:, i].set(logp)
         recent = jnp.where(active[:, None], jnp.concatenate([recent[:, 1:], nxt[:, None]], axis=1), recent)
         ended = (i + 1 >= budget) | (use_stops & ends_with_stop(recent, stop_ids, stop_lens))

@@ -9,8 +9,9 @@ observations. On an accelerator a decode call reads only the filled part of the 
 the smallest of a few static lengths (`windows`) covering it, one compiled variant each,
 all compiled by `warmup`; nothing else ever recompiles. Sampling is at temperature 1 so the recorded
 log-prob is exactly the learner's log-prob of the same token under the same parameters.
-`greedy=True` takes the argmax instead (evaluation only: such tokens are not samples of
-the policy and never reach training).
+`greedy=True` (temperature 0) takes the argmax instead, and another `temperature` draws
+at it (evaluation only: such tokens are not samples of the policy and never reach
+training; each temperature compiles its own calls).
 
 Params may be given as they come (an nnx.State) or `place`d once per policy version: its
 leaves on the device, flattened once (a State's flattening costs about 0.4 ms a call at
@@ -83,6 +84,7 @@ class Sampler:
         prefill: int = 16,
         seed: int = 0,
         greedy: bool = False,
+        temperature: float = 1.0,
         prefill_slots: int | None = None,
         dtype=jnp.float32,
         decode_steps: int = 0,
@@ -100,7 +102,8 @@ class Sampler:
             )
         if slots < 1 or prefill < 1:
             raise ValueError(f"need slots >= 1 and prefill >= 1, got {slots}, {prefill}")
-        self.cfg, self.slots, self.length, self.prefill, self.greedy = cfg, slots, length, prefill, greedy
+        self.cfg, self.slots, self.length, self.prefill = cfg, slots, length, prefill
+        self.temperature = 0.0 if greedy else float(temperature)
         self.decode_steps = resolve_decode_steps(decode_steps)
         # How many slots one catch-up call feeds (`prefill_rows`): only those with input pay
         # for a chunk of `prefill` tokens, not every slot.
@@ -112,9 +115,9 @@ class Sampler:
         self.graphdef, self.abstract_params = split_params(model)
         self.cache = model.init_cache(slots, length, dtype)
         self._key = jax.random.key(seed)
-        # Static: (treedef, greedy[, read_len | steps, read_len]). Both modes run over the one
-        # cache (`greedy` may change between calls: the evaluator scores each version sampled,
-        # then greedy, and a second cache would double its memory).
+        # Static: (treedef, temperature[, read_len | steps, read_len]). Every mode runs over
+        # the one cache (`temperature` may change between calls: the evaluator scores each
+        # version sampled, then greedy, and a second cache would double its memory).
         self._step = jax.jit(
             functools.partial(_chunk_step, self.graphdef), static_argnums=(0, 1, 2), donate_argnums=(4,)
         )
@@ -125,6 +128,15 @@ class Sampler:
             functools.partial(decode_loop.run, self.graphdef), static_argnums=(0, 1, 2, 3), donate_argnums=(5,)
         )
         self._copy = jax.jit(functools.partial(_copy_rows), donate_argnums=(0,))  # its own cache (count)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @greedy.setter
+    def greedy(self, on: bool) -> None:
+        """On: the argmax; off: temperature 1, the policy's own distribution."""
+        self.temperature = 0.0 if on else 1.0
 
     def place(self, params) -> Placed:
         """params flattened and committed to the device; the engine does it once per version."""
@@ -148,7 +160,7 @@ class Sampler:
 
     def _run_step(self, placed: Placed, read_len, tokens, start, n_valid):
         self._key, key = jax.random.split(self._key)
-        args = (placed.treedef, self.greedy, read_len, placed.leaves, self.cache)
+        args = (placed.treedef, self.temperature, read_len, placed.leaves, self.cache)
         nxt, logp, self.cache = self._step(*args, tokens, start, n_valid, key)
         return np.asarray(nxt), np.asarray(logp)
 
@@ -189,7 +201,7 @@ class Sampler:
         return self._run_loop(self.place(params), steps, read_len, tokens, start, budget, use_stops, recent, stops)
 
     def _run_loop(self, placed: Placed, steps, read_len, tokens, start, budget, use_stops, recent, stops):
-        static = (placed.treedef, self.greedy, steps, read_len)
+        static = (placed.treedef, self.temperature, steps, read_len)
         out, logp, n, self.cache, self._key = self._loop(
             *static,
             placed.leaves,
@@ -217,7 +229,7 @@ class Sampler:
         self._key, key = jax.random.split(self._key)
         args = (np.asarray(rows, np.int32), np.asarray(tokens, np.int32), np.asarray(start, np.int32))
         nxt, logp, self.cache = self._rows_step(
-            placed.treedef, self.greedy, placed.leaves, self.cache, *args, np.asarray(n_valid, np.int32), key
+            placed.treedef, self.temperature, placed.leaves, self.cache, *args, np.asarray(n_valid, np.int32), key
         )
         return np.asarray(nxt), np.asarray(logp)
 
@@ -254,11 +266,11 @@ class Sampler:
         return sum(f._cache_size() for f in (self._step, self._rows_step, self._loop, self._copy))
 
 
-def _chunk_step(graphdef, treedef, greedy, read_len, leaves, cache, tokens, start, n_valid, key):
+def _chunk_step(graphdef, treedef, temperature, read_len, leaves, cache, tokens, start, n_valid, key):
     last = jnp.clip(n_valid - 1, 0, tokens.shape[1] - 1)
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     logits, cache = model.decode(tokens, start, cache, last=last, read_len=read_len)  # [S, vocab]
-    nxt, logp = decode_loop.pick(logits, key, greedy)
+    nxt, logp = decode_loop.pick(logits, key, temperature)
     return nxt, logp, cache
 
 
@@ -267,10 +279,10 @@ def _copy_rows(cache, src, dst):
     return tuple((k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in cache)
 
 
-def _rows_step(graphdef, treedef, greedy, leaves, cache, rows, tokens, start, n_valid, key):
+def _rows_step(graphdef, treedef, temperature, leaves, cache, rows, tokens, start, n_valid, key):
     """_chunk_step on the cache rows of some slots (the whole cache read): gathered,
     stepped, written back."""
     sub = tuple((k[rows], v[rows]) for k, v in cache)
-    nxt, logp, sub = _chunk_step(graphdef, treedef, greedy, None, leaves, sub, tokens, start, n_valid, key)
+    nxt, logp, sub = _chunk_step(graphdef, treedef, temperature, None, leaves, sub, tokens, start, n_valid, key)
     cache = tuple((k.at[rows].set(sk), v.at[rows].set(sv)) for (k, v), (sk, sv) in zip(cache, sub))
     return nxt, logp, cache

@@ -85,6 +85,11 @@ COMMON: tuple[str, ...] = (
     "--max_wait_s=30",
     "--eval_nice=10",
     "--eval_greedy_at=ends",
+    # pass@1..4 at v0 and the final version, and v0 at T = 0.2, 0.5, 0.8: 64 tasks x 4
+    # samples cost what 256 x 1 did (5-7 minutes a mode at this size); the versions between
+    # score 64 x 1.
+    "--eval_n=64",
+    "--eval_samples=4",
 )
 
 # What an environment's checkpoint recipe changes on top of COMMON.

@@ -34,6 +34,7 @@ from localstack.launch.processes import ProcessGroup
 from localstack.reports import reconcile
 from localstack.reports.heldout import final_scoring_budget_s, held_out_summary
 from localstack.reports.live import Progress, learner_waiting
+from localstack.reports.pass_at import pass_at_summary
 from localstack.reports.summary import DemoSummary, print_summary
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
@@ -254,6 +255,7 @@ def _run_pinned(cfg: DemoConfig, started: float, workdir: Path, summary_path: Pa
         learned,
         held_out=held_out_summary(rows, cfg.target) if rows else {},
         eval_n=cfg.evaluator.n,
+        pass_at=pass_at_summary(rows),
         plan=plan and {"settings": plan["plan"], "predicted": plan["predicted"]},
         demo_wall_s=round(time.monotonic() - started, 1),
         workdir=str(workdir),

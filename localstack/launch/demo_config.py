@@ -56,8 +56,17 @@ def main_job_warmstart() -> WarmStartConfig:
 
 
 def main_job_evaluator() -> EvaluatorConfig:
-    # Niced: on two cores evaluation yields to training (it skips versions instead).
-    return config.build(EvaluatorConfig, policy_root=SET_BY_DEMO, out=SET_BY_DEMO, nice=10)
+    # Niced: on two cores evaluation yields to training (it skips versions instead). v0 and
+    # the final version are sampled 8 times a task (pass@1..8), and v0 at three lower
+    # temperatures too: what tells RL's learning from sharpening (rollout/evaluator.py).
+    return config.build(
+        EvaluatorConfig,
+        policy_root=SET_BY_DEMO,
+        out=SET_BY_DEMO,
+        nice=10,
+        samples=8,
+        temperatures="0.2,0.5,0.8",
+    )
 
 
 @configclass

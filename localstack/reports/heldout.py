@@ -3,6 +3,8 @@ held-out success of the first and the last version, and how long RL took to get 
 
 from __future__ import annotations
 
+from localstack.reports.pass_at import SWEEP
+
 
 def curve(rows: list[dict], mode: str = "sampled") -> list[dict]:
     """(version, step, seconds since v0 was published, success) per evaluated version."""
@@ -19,7 +21,7 @@ def curve(rows: list[dict], mode: str = "sampled") -> list[dict]:
 def held_out_summary(rows: list[dict], target: float = 0.9) -> dict:
     """First and last evaluated version per mode, and the first version at `target`."""
     out = {}
-    for mode in sorted({r["mode"] for r in rows}):
+    for mode in sorted({r["mode"] for r in rows} - {SWEEP}):  # v0's temperature sweep: pass_at.py
         c = curve(rows, mode)
         reached = next((p for p in c if p["success"] >= target), None)
         out[mode] = {

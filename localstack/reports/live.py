@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from localstack.reports.pass_at import SWEEP
+
 
 class Tail:
     """New complete lines of a growing JSONL file, as dicts (a half-written last line waits)."""
@@ -65,6 +67,8 @@ class RunState:
                 self.rollout[path.parent.name] = row
         self.waiting = learner_waiting(self.workdir)
         for row in self._tail(self.workdir / "eval.jsonl"):
+            if row["mode"] == SWEEP:  # v0 at other temperatures: the summary's, not progress
+                continue
             if row["version"] >= self.evals.get(row["mode"], {}).get("version", -1):
                 self.evals[row["mode"]] = row
 
@@ -99,6 +103,9 @@ class RunState:
         if self.evals:
             parts = [f"{m} {r['success']:.3f} (v{r['version']})" for m, r in sorted(self.evals.items())]
             rows.append(("held-out success", "   ".join(parts)))
+            if passes := self.evals.get("sampled", {}).get("pass_at"):  # pass@1 and pass@n
+                n, v = max(passes, key=int), self.evals["sampled"]["version"]
+                rows.append(("held-out pass@k", f"pass@1 {passes['1']:.3f}   pass@{n} {passes[n]:.3f} (v{v})"))
         if self.rollout:
             packed = self._rollout_sum("rollout/records")
             backlog = packed - L.get("data/records_received", 0) if L else packed

@@ -24,6 +24,7 @@ from core.config import configclass, knob
 from core.contracts.run_summary import Accounting
 from core.telemetry.scalars import read_rows as read_jsonl  # tolerant of a line cut short
 from localstack.reports.heldout import held_out_summary
+from localstack.reports.pass_at import SWEEP, format_pass_at, pass_at_summary, plot_pass_at
 from localstack.reports.reconcile import Reconciliation, format_reconciliation
 from localstack.reports.summary import DemoSummary, read_summary
 from localstack.reports.timeline import render_timeline
@@ -94,7 +95,8 @@ def _fmt(v) -> str:
 
 def _by_mode(evals: list[dict]) -> dict[str, list[dict]]:
     """Eval rows per mode in version order, sampled then greedy then any other."""
-    modes = sorted({str(r.get("mode")) for r in evals}, key=lambda m: ({"sampled": 0, "greedy": 1}.get(m, 2), m))
+    modes = {str(r.get("mode")) for r in evals} - {SWEEP}  # v0's temperature sweep: its own figure
+    modes = sorted(modes, key=lambda m: ({"sampled": 0, "greedy": 1}.get(m, 2), m))
     key = lambda r: (_num(r.get("version")) or 0, _num(r.get("evaluated_at")) or 0)
     return {m: sorted((r for r in evals if str(r.get("mode")) == m), key=key) for m in modes}
 
@@ -119,7 +121,8 @@ def _held_out_rows(run: Run) -> list[tuple[str, str]]:
             )
         )
         reached.append(f"{mode}: v{hit['version']}, {hit['rl_s']:.0f} s after v0" if hit else f"{mode}: not reached")
-    return rows + [(f"first version reaching target {run.target:g}", "; ".join(reached))]
+    rows += [(f"first version reaching target {run.target:g}", "; ".join(reached))]
+    return rows + [("pass@k", line) for line in format_pass_at(pass_at_summary(run.evals))]
 
 
 def summary_rows(run: Run) -> list[tuple[str, str]]:
@@ -188,6 +191,12 @@ def plot_success(run: Run, out: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, out)
+
+
+def plot_pass_k(run: Run, out: Path) -> Path:
+    if plot_pass_at(run.evals, out) is None:
+        raise _Missing("no eval.jsonl row with pass@k (the evaluator's --samples)")
+    return out
 
 
 def plot_learner(run: Run, out: Path) -> Path:
@@ -305,6 +314,7 @@ def plot_timeline(run: Run, out: Path, start_s: float | None = None, window_s: f
 # -- the report --------------------------------------------------------------------------
 PLOTS = [  # (file name, section title, plot(run, out_png))
     ("success", "Held-out success", plot_success),
+    ("pass_at_k", "Held-out pass@k: learning or sharpening?", plot_pass_k),
     ("learner", "Learner duty cycle and throughput", plot_learner),
     ("staleness", "Staleness", plot_staleness),
     ("fill", "Packing fill", plot_fill),

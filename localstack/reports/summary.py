@@ -14,6 +14,7 @@ from core.contracts import run_summary
 from core.contracts.run_summary import RunSummary
 from localstack.reports import reconcile
 from localstack.reports.heldout import format_held_out
+from localstack.reports.pass_at import format_pass_at
 from localstack.reports.reconcile import Reconciliation
 from trainer.learning.data.accounting import format_accounting
 
@@ -29,6 +30,7 @@ class DemoSummary:
     learner: RunSummary = dataclasses.field(default_factory=RunSummary)
     held_out: dict = dataclasses.field(default_factory=dict)  # localstack.reports.heldout.held_out_summary
     eval_n: int | None = None  # held-out tasks per evaluated version
+    pass_at: dict = dataclasses.field(default_factory=dict)  # localstack.reports.pass_at.pass_at_summary
     plan: dict | None = None  # the capacity plan's {"settings", "predicted"}; None: --plan=off
     demo_wall_s: float | None = None
     workdir: str | None = None
@@ -94,7 +96,7 @@ def print_summary(s: DemoSummary) -> None:
             f"capacity plan            {p['max_in_flight']} trajectories in flight, staleness bound "
             f"{p['max_staleness']}: predicted duty cycle {a['duty_cycle']:.2f} (bound by {a['binds']})"
         )
-    for line in format_held_out(s.held_out, s.eval_n):
+    for line in format_held_out(s.held_out, s.eval_n) + format_pass_at(s.pass_at):
         print(line)
     for i, line in enumerate(format_accounting(L.accounting)):
         print(f"{'trajectories' if i == 0 else '':25}{line}", file=out if L.accounting.balanced else sys.stderr)
