@@ -69,7 +69,13 @@ def _eval_rows() -> list[dict]:
         row.update(samples=4, tasks=8, temperature=1.0, success_se=0.05, pass_at={"1": row["success"], "4": at_4})
         row["pass_at_se"] = {"1": 0.05, "2": 0.06, "4": 0.07}
         row["pass_at"]["2"] = (row["success"] + at_4) / 2
-    sweep = {**rows[0], "mode": "sweep", "temperature": 0.5, "success": 0.3, "evaluated_at": rows[0]["evaluated_at"] + 1}
+    sweep = {
+        **rows[0],
+        "mode": "sweep",
+        "temperature": 0.5,
+        "success": 0.3,
+        "evaluated_at": rows[0]["evaluated_at"] + 1,
+    }
     return rows + [{**sweep, "pass_at": {"1": 0.3, "2": 0.35, "4": 0.4}}]
 
 
