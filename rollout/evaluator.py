@@ -203,8 +203,7 @@ def _run(args, writer, tracer) -> list[dict]:
         if versions:
             version = versions[-1]  # the newest: a curve with gaps beats a queue that falls behind
             skipped += len(versions) - 1
-            todo = _modes_for(modes, args.greedy_at, version, first=done < 0, final=final)
-            todo += [f"{SWEEP}@{t:g}" for t in sweep] if done < 0 else []
+            todo = modes_for(modes, sweep, args.greedy_at, version, first=done < 0, final=final)
         elif final is not None and done >= final:
             # The final version may have been scored before it was known to be the final one.
             version, todo = final, [m for m in modes if m not in scored.get(final, set())]
@@ -299,10 +298,13 @@ def mode_temperature(task: str) -> tuple[str, float]:
     return task, 0.0 if task == "greedy" else 1.0
 
 
-def _modes_for(modes: list[str], greedy_at: str, version: int, first: bool, final: int | None) -> list[str]:
-    if greedy_at == "every" or first or version == final:
-        return modes
-    return [m for m in modes if m != "greedy"]
+def modes_for(
+    modes: list[str], sweep: list[float], greedy_at: str, version: int, first: bool, final: int | None
+) -> list[str]:
+    """What a version is scored in: the modes (greedy per --greedy_at), then, for the first
+    version alone, "sweep@T" for each sweep temperature. A new list: `modes` is never changed."""
+    todo = [m for m in modes if m != "greedy" or greedy_at == "every" or first or version == final]
+    return todo + ([f"{SWEEP}@{t:g}" for t in sweep] if first else [])
 
 
 def eval_scalars(row: dict) -> dict:

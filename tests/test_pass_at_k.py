@@ -123,3 +123,21 @@ def test_a_draw_at_another_temperature_follows_the_tempered_softmax_and_reports_
     with pytest.raises(ValueError):
         decode_loop.pick(jnp.asarray(logits)[None], jax.random.key(0), True)  # a bool is not a temperature
     assert math.isclose(float(np.mean(tokens == 0)), want[0], abs_tol=0.02)
+
+
+def test_only_the_first_version_is_swept_and_the_modes_are_never_changed():
+    """A run scored v4 and v7 at every sweep temperature too: the list of modes had been
+    extended in place by v0's sweep (run of 2026-12-07 08:00)."""
+    from rollout.evaluator import mode_temperature, modes_for, sweep_temperatures
+
+    modes, sweep = ["sampled", "greedy"], sweep_temperatures("0.5,1,0.2")
+    assert sweep == [0.2, 0.5]  # 1 is the sampled mode's own row
+    first = modes_for(modes, sweep, "ends", 0, first=True, final=None)
+    assert first == ["sampled", "greedy", "sweep@0.2", "sweep@0.5"] and modes == ["sampled", "greedy"]
+    assert modes_for(modes, sweep, "ends", 4, first=False, final=None) == ["sampled"]
+    assert modes_for(modes, sweep, "ends", 9, first=False, final=9) == ["sampled", "greedy"]
+    assert modes_for(modes, sweep, "every", 4, first=False, final=None) == ["sampled", "greedy"]
+    assert [mode_temperature(t) for t in first] == [("sampled", 1.0), ("greedy", 0.0), ("sweep", 0.2), ("sweep", 0.5)]
+    for bad in ("0,0.5", "-1", "hot"):
+        with pytest.raises(SystemExit):
+            sweep_temperatures(bad)
