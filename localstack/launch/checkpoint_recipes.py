@@ -106,13 +106,22 @@ BY_ENV: dict[str, tuple[str, ...]] = {
     "calculator": ('--env_config={"max_ops_per_call": 2}', "--warmstart_oracle=whole"),
     # The chained game (environments/calculator.py: one operation a call, 2-3 a task, each
     # result fed back), made so that the warm-started model does not already know it: greedy
-    # v0 must stay low, and RL must find the rest. Half of the demonstrations chain every
-    # call; the other half answer the task's result after a random number of them
-    # (any_turn), which teaches the format and that stopping is allowed, not when to stop.
-    # The model cannot do 2-3 operations in its head, so stopping early mostly fails, and the
-    # reward tells a finished chain from a cut one. (Demonstrations that always chain left
-    # the model calling on after the answer was in: v0 0.031, runs before issue 55.)
-    "calculator_chained": ("--warmstart_direct_frac=0.5", "--warmstart_direct_at=any_turn"),
+    # v0 must stay low, and RL must find the rest. A quarter of the demonstrations answer the
+    # task's result after a random number of the calls (any_turn), which teaches that
+    # stopping is allowed, not when; the model cannot do 2-3 operations in its head, so
+    # stopping early mostly fails, and the reward tells a finished chain from a cut one.
+    # Measured (docs/RESULTS.md, issue 55): 12 steps with half stopping early left sampled
+    # success near 0.02 (10 of 12 groups all-zero; the learner stopped, starved, before step
+    # 1); 24 steps with a quarter gave v0 pass@1 0.164, pass@4 0.422, and 5 of 6 groups with
+    # signal. Records come slowly while few groups carry signal: the learner waits up to 15
+    # minutes before it calls the run starved. (Demonstrations that always chain left the
+    # model calling on after the answer was in: v0 0.031, runs before issue 55.)
+    "calculator_chained": (
+        "--warmstart_steps=24",
+        "--warmstart_direct_frac=0.25",
+        "--warmstart_direct_at=any_turn",
+        "--learner.starved_stop_s=900",
+    ),
 }
 
 
