@@ -274,12 +274,13 @@ def _run_evaluator_scripted(tmp_path, monkeypatch, script) -> tuple[list[tuple],
     publish(store, 0, seed=0)
     asked = []  # per call: whether the evaluator gave it a way to give up
 
-    def evaluate(params, sampler, env, tasks, limits, env_config, fmt, examples, superseded):
+    def evaluate(params, sampler, env, tasks, limits, env_config, fmt, examples, superseded, samples=1):
         asked.append(superseded is not None)
         script.get(len(asked), lambda store, stop: None)(store, stop)
         if superseded is not None and superseded():
             raise evaluator.Superseded
-        return {"n": len(tasks), "success": 1.0, "mean_turns": 1.0, "status": {}, "outcomes": {}, "eval_s": 0.1}
+        row = {"n": len(tasks) * samples, "tasks": len(tasks), "success": 1.0, "mean_turns": 1.0, "status": {}}
+        return {**row, "outcomes": {}, "eval_s": 0.1}
 
     monkeypatch.setattr(evaluator, "evaluate", evaluate)
     cfg = config.build(
