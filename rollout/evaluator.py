@@ -189,7 +189,7 @@ def _run(args, writer, tracer) -> list[dict]:
     store, fmt = PolicyStore(args.policy_root), chat_format_for(spec.tokenizer)
     loader = VersionLoader(store, spec.cfg, sampler.abstract_params, base_params(spec.checkpoint))
     out, rows, done, skipped = Path(args.out), [], -1, 0
-    scored: dict[int, set[str]] = {}  # version -> the modes it has a row for
+    scored: dict[int, set[str]] = {}  # version -> the modes it has a row for (at the ends' samples)
     out.parent.mkdir(parents=True, exist_ok=True)
     episode_args = (args.env.name, tasks, limits, args.env.config, fmt, args.examples)
     deadline = time.monotonic() + args.timeout_s
@@ -205,7 +205,8 @@ def _run(args, writer, tracer) -> list[dict]:
             skipped += len(versions) - 1
             todo = modes_for(modes, sweep, args.greedy_at, version, first=done < 0, final=final)
         elif final is not None and done >= final:
-            # The final version may have been scored before it was known to be the final one.
+            # The final version may have been scored before it was known to be the final one
+            # (greedy skipped, or sampled once a task: it is scored again with --samples).
             version, todo = final, [m for m in modes if m not in scored.get(final, set())]
             if not todo:
                 return rows
@@ -249,7 +250,8 @@ def _run(args, writer, tracer) -> list[dict]:
                 span.args["success"] = row["success"]
             write_examples(out, row)
             rows.append(row)
-            scored.setdefault(version, set()).add(task)
+            if samples == args.samples or mode == "greedy":
+                scored.setdefault(version, set()).add(task)
             heap.release()  # an evaluation's freed episode state, kept by glibc otherwise
             # Step: the learner step that published the version, so eval/ lines up with losses/.
             memory = process_memory.sample({"mem/compiled_variants": sampler.compiled_variants()})

@@ -263,7 +263,7 @@ def test_a_version_given_up_is_freed_as_soon_as_its_caller_drops_it():
     assert len(at_the_second_ask.asked) == 2 and [r for r in refs if r() is not None] == []
 
 
-def _run_evaluator_scripted(tmp_path, monkeypatch, script) -> tuple[list[tuple], list[bool]]:
+def _run_evaluator_scripted(tmp_path, monkeypatch, script, **flags) -> tuple[list[tuple], list[bool]]:
     """The evaluator's loop with scoring.evaluate stood in for: before its k-th call returns,
     script[k](store, stop) runs (a learner publishing, then writing the stop file); then the
     call gives up if the evaluator tells it the version is superseded, as evaluate would."""
@@ -276,6 +276,7 @@ def _run_evaluator_scripted(tmp_path, monkeypatch, script) -> tuple[list[tuple],
 
     def evaluate(params, sampler, env, tasks, limits, env_config, fmt, examples, superseded, samples=1):
         asked.append(superseded is not None)
+        SAMPLES.append(samples)
         script.get(len(asked), lambda store, stop: None)(store, stop)
         if superseded is not None and superseded():
             raise evaluator.Superseded
@@ -285,11 +286,33 @@ def _run_evaluator_scripted(tmp_path, monkeypatch, script) -> tuple[list[tuple],
     monkeypatch.setattr(evaluator, "evaluate", evaluate)
     cfg = config.build(
         evaluator.EvaluatorConfig, policy_root=str(tmp_path / "store"), out=str(out), n=2, slots=2,
-        stop_file=str(stop), poll_s=0.05, timeout_s=60,
+        stop_file=str(stop), poll_s=0.05, timeout_s=60, **flags,
     )  # fmt: skip
     rows = evaluator.run(cfg)
     assert [(r["version"], r["mode"]) for r in read_rows(out)] == [(r["version"], r["mode"]) for r in rows]
     return [(r["version"], r["mode"], r["skipped_versions"]) for r in rows], asked
+
+
+SAMPLES: list[int] = []  # the samples per task each scripted evaluate was asked for
+
+
+def test_a_version_scored_once_a_task_before_it_was_known_final_is_scored_again_with_the_samples(tmp_path, monkeypatch):
+    # The chained run of 2026-12-07: v10 was taken up before the learner wrote the final
+    # version, scored once a task, and its pass@k was never measured.
+    def stop_at_1(store, stop):
+        stop.write_text("1")
+
+    SAMPLES.clear()
+    script = {2: lambda store, stop: publish(store, 1, seed=1), 3: stop_at_1}
+    rows, _ = _run_evaluator_scripted(tmp_path, monkeypatch, script, samples=4, greedy_at="ends")
+    assert [(v, m) for v, m, _ in rows] == [
+        (0, "sampled"),
+        (0, "greedy"),
+        (1, "sampled"),
+        (1, "sampled"),
+        (1, "greedy"),
+    ]
+    assert SAMPLES == [4, 1, 1, 4, 1]
 
 
 def _finish_at(version: int):
