@@ -151,9 +151,10 @@ def test_the_evaluator_loads_without_writing(store, tmp_path, monkeypatch):
 
     scored = []
 
-    def fake_evaluate(params, sampler, env, tasks, limits, env_config, fmt, examples=0, superseded=None):
+    def fake_evaluate(params, sampler, env, tasks, limits, env_config, fmt, examples=0, superseded=None, samples=1):
         scored.append(params)  # the episodes are not what is audited here: the load is
-        return {"n": len(tasks), "success": 0.0, "mean_turns": 1.0, "status": {}, "outcomes": {}, "eval_s": 0.0}
+        row = {"n": len(tasks) * samples, "tasks": len(tasks), "success": 0.0, "mean_turns": 1.0, "status": {}}
+        return {**row, "outcomes": {}, "eval_s": 0.0}
 
     monkeypatch.setattr(evaluator, "evaluate", fake_evaluate)
     (tmp_path / "final").write_text("0")
