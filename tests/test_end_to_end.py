@@ -132,15 +132,19 @@ def test_pipeline_and_learner_close_the_loop(tmp_path):
     report = Path(s.report).read_text()
     assert "Where every trajectory went" in report and "The rollout workers' counts, joined" in report
     # The evaluator scored v0 and the final version, in both modes, beside the learner;
-    # the summary's success is its row's, the share of the 16 episodes that scored.
+    # the summary's success is its row's, the share of the episodes that scored: 16 tasks,
+    # sampled 8 times each at the ends (a final version first scored once a task, before it
+    # was known to be the final, has that row too, and the last row is the summary's).
     rows = scalars.read_rows(workdir / "eval.jsonl")
-    for mode in ("sampled", "greedy"):
+    for mode, samples in (("sampled", 8), ("greedy", 1)):
         held = s.held_out[mode]
         assert held["first"]["version"] == 0 and held["last"]["version"] == s.learner.policy_versions_published[-1]
-        (row,) = [r for r in rows if r["mode"] == mode and r["version"] == held["last"]["version"]]
-        wins = round(row["success"] * 16)
-        assert held["last"]["success"] == row["success"] == pytest.approx(wins / 16) and row["n"] == 16
+        row = [r for r in rows if r["mode"] == mode and r["version"] == held["last"]["version"]][-1]
+        assert (row["tasks"], row["samples"], row["n"]) == (16, samples, 16 * samples)
+        wins = round(row["success"] * row["n"])
+        assert held["last"]["success"] == row["success"] == pytest.approx(wins / row["n"])
         assert wins <= row["status"].get("finished", 0)
+    assert s.pass_at["first"]["sampled"]["pass_at"].keys() == {"1", "2", "4", "8"}
 
     for pid in s.pids.values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
