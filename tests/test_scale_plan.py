@@ -143,7 +143,7 @@ def test_cli_prints_a_table(capsys):
     assert scale_plan.main(["--model", "qwen2.5-0.5b", "--accelerator", "v5e-8", "--rollout_accelerator", "l4",
                             "--tool_latency_s", "2", "--batch_records", "16", "--max_segments", "2"]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    for needle in ("learner step", "MFU 0.34", "binds", "--tpu_topology=2x4", "--max_num_workers=", "nvidia-l4"):
+    for needle in ("learner step", "MFU 0.4", "binds", "--tpu_topology=2x4", "--max_num_workers=", "nvidia-l4"):
         assert needle in out
 
 

@@ -69,13 +69,13 @@ class ModelDims:
 class Assumptions:
     """Not vendor figures: printed with every plan. The learner's MFU and the decode step's
     bandwidth efficiency are the ones measured on one TPU v5e (docs/BENCHMARKS.md,
-    "Accelerator", 2026-12-07): Qwen2.5-0.5B's step at 8 x 1,024 ran at MFU 0.344 (model
-    FLOPs), and SmolLM2-135M's device-bound bf16 decode at 256 slots at 0.262 of its HBM
-    bound; on GPUs they are assumptions."""
+    "Accelerator", 2026-12-07, bf16 activations): Qwen2.5-0.5B's step at 8 x 1,024 ran at
+    MFU 0.401 (model FLOPs), and SmolLM2-135M's device-bound bf16 decode at 256 slots at
+    0.281 of its HBM bound; on GPUs they are assumptions."""
 
-    learner_mfu: float = derived(0.34, "of the slice's dense bf16 peak, for the train step", gt=0, le=1)
+    learner_mfu: float = derived(0.40, "of the slice's dense bf16 peak, for the train step", gt=0, le=1)
     decode_mfu: float = derived(0.3, "of peak, when a decode or prefill call is compute-bound", gt=0, le=1)
-    bandwidth_efficiency: float = derived(0.26, "of the vendor's HBM bandwidth a decode step reaches", gt=0, le=1)
+    bandwidth_efficiency: float = derived(0.28, "of the vendor's HBM bandwidth a decode step reaches", gt=0, le=1)
     memory_fraction: float = derived(0.9, "of HBM the engine may fill with weights and KV cache", gt=0, le=1)
     # Host time, measured on this machine's CPU (docs/BENCHMARKS.md): Sampler.step's Python
     # and dispatch, 2.4 ms + 0.28 ms a step (Rollout, cProfile); the Beam job's cost a
