@@ -40,6 +40,7 @@ from core.policy.chat_format import chat_format_for
 from core.policy.sampling import DTYPES, Sampler, cast_params, serving_dtype
 from core.policy.sources import policy_spec
 from core.policy.versions import VersionLoader, base_params
+from core.rl.pass_at_k import SWEEP_MODE
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs, TurnBudget
 from core.telemetry import scalars, trace
 from rollout.episodes import EpisodeLimits
@@ -279,7 +280,7 @@ def write_examples(out: Path, row: dict) -> None:
                 f.write(json.dumps({"version": row["version"], "mode": row["mode"], "class": kind, **episode}) + "\n")
 
 
-SWEEP = "sweep"
+SWEEP = SWEEP_MODE
 
 
 def sweep_temperatures(text: str) -> list[float]:

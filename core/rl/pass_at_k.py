@@ -17,6 +17,10 @@ import math
 
 import numpy as np
 
+# The eval rows' mode of v0 scored at other temperatures (rollout/evaluator.py writes them,
+# localstack/reports reads them): the control that tells sharpening from learning.
+SWEEP_MODE = "sweep"
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """One task: 1 - C(n-c, k) / C(n, k), computed as a product (no huge binomials)."""

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SWEEP = "sweep"  # rollout.evaluator.SWEEP: the mode of v0's temperature sweep rows
+from core.rl.pass_at_k import SWEEP_MODE
+
+SWEEP = SWEEP_MODE  # the mode of v0's temperature sweep rows
 
 
 def _point(row: dict) -> dict:
@@ -23,12 +25,19 @@ def _point(row: dict) -> dict:
 
 
 def _ends(rows: list[dict], mode: str) -> tuple[dict | None, dict | None]:
-    """The first and the last version's rows of `mode`, preferring rows with pass@k (a
-    version between the ends may have been scored with one sample)."""
-    mine = sorted((r for r in rows if r.get("mode") == mode), key=lambda r: r["version"])
+    """The first and the last version's rows of `mode`. Where a version has several (the
+    final one scored with one sample before it was known to be final, then again with all),
+    the one with the most samples, the later on a tie."""
+    mine = [r for r in rows if r.get("mode") == mode]
     if not mine:
         return None, None
-    return mine[0], mine[-1]
+
+    def best(version):
+        of = [(r.get("samples") or 1, i) for i, r in enumerate(mine) if r["version"] == version]
+        return mine[max(of)[1]]
+
+    versions = [r["version"] for r in mine]
+    return best(min(versions)), best(max(versions))
 
 
 def pass_at_summary(rows: list[dict]) -> dict:
