@@ -189,7 +189,7 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
     staleness = SimpleNamespace(staleness=lambda r, v: 1, dropped_records=0, histogram={0: 3, 2: 1})
     parts = SimpleNamespace(
         staleness=staleness,
-        credits=SimpleNamespace(outstanding=7),
+        credits=SimpleNamespace(outstanding=7, window=24),
         consumer=SimpleNamespace(
             rejected=0, duplicates=0, pubsub_errors=0, deliveries=SimpleNamespace(held={"r": 1}, consumed={"a": 0})
         ),
@@ -214,6 +214,10 @@ def test_learner_rows_report_recent_and_whole_run_duty_cycle():
     assert last["data/fill"] == pytest.approx(0.5) and last["staleness/max"] == 1
     assert last["data/records_buffered"] == 1 and last["feeder/in_flight"] == 7
     assert (last["staleness/records_0"], last["staleness/records_2"]) == (3, 1) and "staleness/records_1" not in last
+    assert last["feeder/window"] == 24 and "lag/target" not in last  # no lag controller: no lag/ keys
+    parts.lag = SimpleNamespace(cfg=SimpleNamespace(target=2.4), changes=[object()], last_lag=3.125)
+    tel.on_step(len(rows) + 1, 1, stats, [rec], {"losses/policy_loss": 0.0}, 0.5, parts)
+    assert (rows[-1]["lag/target"], rows[-1]["lag/measured"], rows[-1]["lag/changes"]) == (2.4, 3.125, 1)
 
 
 @pytest.mark.e2e

@@ -17,6 +17,7 @@ from core.contracts.record_shape import LayoutConfig
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs
 from trainer.learning.data.deliveries import DeliveryConfig
 from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.data.lag_control import LagControlConfig
 from trainer.learning.data.staleness import StalenessConfig
 from trainer.learning.data.starvation import StarvationConfig
 from trainer.learning.step.learner import LearnerConfig
@@ -109,6 +110,7 @@ class LearnerJobConfig:
     learner: LearnerConfig = section(LearnerConfig, help="the train step and its loss")
     staleness: StalenessConfig = section(StalenessConfig, help="how stale a record may be")
     credits: CreditConfig = section(CreditConfig, help="the feeder's credit window")
+    lag: LagControlConfig = section(LagControlConfig, "lag_", help="the closed loop that resizes the window")
     delivery: DeliveryConfig = section(DeliveryConfig, help="holding records until a checkpoint covers them")
     warmstart: WarmStartConfig = section(WarmStartConfig, "warmstart_", "behaviour cloning before policy v0")
     starvation: StarvationConfig = section(StarvationConfig, help="a learner that gets no records: says why, or stops")
@@ -119,6 +121,11 @@ class LearnerJobConfig:
         for name in ("learner", "staleness", "credits", "delivery", "warmstart"):
             built[name] = _replace(built[name], **self.derive_section(name, built))
             object.__setattr__(self, name, built[name])
+        if self.lag.target is not None and not self.sync and self.lag.target > self.staleness.max_staleness:
+            raise ValueError(
+                f"--lag_target {self.lag.target:g} is above --max_staleness {self.staleness.max_staleness}: "
+                "records that stale are dropped, so the lag could never settle there"
+            )
         if self.learner.lr_decay and self.max_steps <= self.learner.lr_warmup_steps:
             raise ValueError(
                 f"lr_decay needs max_steps > lr_warmup_steps ({self.learner.lr_warmup_steps}), got {self.max_steps}"

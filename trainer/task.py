@@ -130,13 +130,13 @@ def _lead(cfg, learner, publisher, plane, tel, stats, lockstep: Lockstep, stop: 
         with tel.span("train step", step=learner.steps + 1):
             metrics = learner.train_step(batch)
         step_s = time.monotonic() - t0
-        plane.settle(batch, metrics, step_s, flops)
+        plane.settle(batch, metrics, step_s, flops, publisher.version)
         if lockstep.agree(plane.publish_due(learner.steps)):
             with tel.span("publish", version=publisher.version + 1):
                 publisher.publish()
             with tel.span("checkpoint"):  # its records are acked once it is durable
                 publisher.checkpoint(plane.feeder_position, plane.checkpoint_ids(publisher.version, learner.steps))
-            plane.published()
+            plane.published(publisher.version)
         row = tel.on_step(learner.steps, publisher.version, stats, batch, metrics, step_s, plane)
         log.info(
             "step %d version %d loss %.4f reward %.3f duty %.2f (recent %.2f) staleness %.1f",

@@ -103,6 +103,9 @@ class RunSummary:
     records_dropped_stale: int = 0
     trajectories_dropped_stale: int = 0
     staleness_waits: int = 0
+    # The closed loop on the lag (trainer/learning/data/lag_control.py): target, window,
+    # bounds, last measured lag and every change with its reason; None when off.
+    lag_control: dict | None = None
     # The feeder (None off the primary process, which runs none).
     requests_published: int | None = None
     requests_redone: int | None = None  # written off after request_timeout_s and asked again

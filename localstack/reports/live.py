@@ -97,6 +97,7 @@ class RunState:
                     f"{L['perf/duty_cycle_recent']:.2f} recent   {L['perf/duty_cycle']:.2f} whole run",
                 ),
                 ("staleness", f"mean {L['staleness/mean']:.2f}   max {L['staleness/max']}{_by_staleness(L)}"),
+                *_lag_control(L),
                 # Acked once the checkpoint that holds them lands; a crash redelivers these.
                 ("records held, not acked", f"{L.get('data/records_held_unacked', 0)}"),
             ]
@@ -146,6 +147,20 @@ def learner_waiting(workdir: Path) -> str | None:
         return json.loads((Path(workdir) / "logs" / "learner" / "status.json").read_text()).get("waiting")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _lag_control(L: dict) -> list[tuple[str, str]]:
+    """The closed loop's line: its target, the lag it last measured and the window it set."""
+    if "lag/target" not in L:
+        return []
+    measured = f"{L['lag/measured']:.2f}" if "lag/measured" in L else "not yet"
+    return [
+        (
+            "lag control",
+            f"target {L['lag/target']:g}   measured {measured}   window {L.get('feeder/window', '?')}"
+            f"   {L.get('lag/changes', 0)} changes",
+        )
+    ]
 
 
 def _by_staleness(row: dict) -> str:

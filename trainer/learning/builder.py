@@ -28,6 +28,7 @@ from trainer.learning.data.batches import BatchBuffer
 from trainer.learning.data.consumer import RecordConsumer
 from trainer.learning.data.data_plane import DataPlane
 from trainer.learning.data.feeder import CreditConfig, Feeder, TrajectoryCredits
+from trainer.learning.data.lag_control import LagController, window_bounds
 from trainer.learning.data.staleness import StalenessControl
 from trainer.learning.data.starvation import StarvationWatch
 from trainer.learning.persistence.checkpoint import LearnerCheckpointer
@@ -314,7 +315,27 @@ def make_data_plane(cfg: LearnerJobConfig, tasks, publisher, start: Start, check
     schedule = make_schedule(cfg, batches, credits, plan)
     group = cfg.credits.group_size
     watch = StarvationWatch(cfg.starvation)
-    return DataPlane(layout, group, staleness, credits, consumer, batches, schedule, feeder, stats, tel, watch)
+    lag = make_lag_control(cfg, credits)
+    return DataPlane(layout, group, staleness, credits, consumer, batches, schedule, feeder, stats, tel, watch, lag)
+
+
+def make_lag_control(cfg: LearnerJobConfig, credits: TrajectoryCredits) -> LagController | None:
+    """The closed loop on the lag, asynchronous runs with a --lag_target only; it starts
+    from the window the credits have (the plan's, or --max_in_flight)."""
+    if cfg.lag.target is None or cfg.sync:
+        return None
+    c = cfg.credits
+    floor, ceiling = window_bounds(
+        c.min_window, c.per_batch, cfg.learner.publish_every, cfg.staleness.max_staleness, c.group_size
+    )
+    lag = LagController(cfg.lag, credits.window, floor, ceiling, c.group_size)
+    if lag.window != credits.window:
+        credits.resize(lag.window)
+    log.info(
+        "lag control: target %g versions, window %d in [%d, %d], judged %d versions after a change",
+        cfg.lag.target, lag.window, floor, ceiling, lag.settle,
+    )  # fmt: skip
+    return lag
 
 
 def make_tracer(trace_dir: str | None):

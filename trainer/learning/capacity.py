@@ -121,9 +121,15 @@ class Plan:
     async_prediction: Prediction
     sync_prediction: Prediction
     sync_round_trajectories: int
+    target_lag: float  # the mean lag the learner's closed loop holds (the staleness bound)
 
     def learner_flags(self) -> list[str]:
-        return [f"--max_in_flight={self.max_in_flight}", f"--max_staleness={self.max_staleness}"]
+        """The window is where the loop starts; the lag it must hold is the plan's answer."""
+        return [
+            f"--max_in_flight={self.max_in_flight}",
+            f"--max_staleness={self.max_staleness}",
+            f"--lag_target={self.target_lag:g}",
+        ]
 
     def pipeline_flags(self) -> list[str]:
         return [f"--max_concurrent_groups={self.max_concurrent_groups}", f"--engine_slots={self.engine_slots}"]
@@ -172,7 +178,8 @@ def make_plan(
     return Plan(
         target_duty=target_duty,
         max_in_flight=window,
-        max_staleness=math.ceil(pred.staleness_versions) + 1,  # the mean, plus the spread
+        # The mean, plus the spread; at least the target's (the loop may grow the window to it).
+        max_staleness=math.ceil(max(pred.staleness_versions, staleness_bound)) + 1,
         rollout_workers=n_workers,
         max_concurrent_groups=groups,
         engine_slots=slots,
@@ -181,6 +188,7 @@ def make_plan(
             dataclasses.replace(m, rollout_rate=n_workers * m.rollout_rate), publish_every, group_size
         ),
         sync_round_trajectories=round_trajectories(m, publish_every, group_size),
+        target_lag=staleness_bound,
     )
 
 

@@ -108,10 +108,16 @@ class LearnerTelemetry:
             "data/dedup_ids": len(parts.consumer.deliveries.consumed),
             "data/pubsub_errors": parts.consumer.pubsub_errors,
             "feeder/in_flight": parts.credits.outstanding,
+            "feeder/window": parts.credits.window,  # the lag controller moves it
             "feeder/requests_published": parts.feeder.published if parts.feeder else 0,
             # The whole run's admitted records by versions behind (the live panel's distribution).
             **{f"staleness/records_{k}": n for k, n in sorted(parts.staleness.histogram.items())},
         }
+        if getattr(parts, "lag", None) is not None:
+            row["lag/target"] = parts.lag.cfg.target
+            row["lag/changes"] = len(parts.lag.changes)
+            if parts.lag.last_lag is not None:
+                row["lag/measured"] = round(parts.lag.last_lag, 3)
         row.update(self._memory.row(now, getattr(self.writer, "local_dir", None)))
         self.writer.write(step, row)
         self.tracer.counter("learner", duty_recent=round(duty_recent, 3), in_flight=parts.credits.outstanding)

@@ -20,6 +20,7 @@ from trainer.learning.data.accounting import trajectory_accounting
 from trainer.learning.data.batches import BatchBuffer
 from trainer.learning.data.consumer import RecordConsumer
 from trainer.learning.data.feeder import Feeder, TrajectoryCredits
+from trainer.learning.data.lag_control import LagController
 from trainer.learning.data.staleness import StalenessControl
 from trainer.learning.data.starvation import StarvationWatch
 from trainer.learning.run_stats import RunStats
@@ -43,11 +44,12 @@ class DataPlane:
         stats: RunStats,
         telemetry=None,  # LearnerTelemetry: poll spans
         watch: StarvationWatch | None = None,  # says why no record comes, stops a run that cannot train
+        lag: LagController | None = None,  # resizes the credit window to hold the lag at a target
     ):
         self.layout, self.group_size = layout, group_size
         self.staleness, self.credits, self.consumer = staleness, credits, consumer
         self.batches, self.schedule, self.feeder = batches, schedule, feeder
-        self.stats, self.telemetry, self.watch = stats, telemetry, watch
+        self.stats, self.telemetry, self.watch, self.lag = stats, telemetry, watch, lag
 
     # ------------------------------------------------------------------ the loop's calls
     def start(self) -> None:
@@ -70,10 +72,12 @@ class DataPlane:
         self._poll(version)
         return self.schedule.next_batch(version)
 
-    def settle(self, batch: list, metrics: dict, step_s: float, flops: float) -> None:
-        """`batch` was trained (in `step_s` seconds, `flops` FLOPs): its records' fate is
-        decided, and a checkpoint from now on covers them."""
+    def settle(self, batch: list, metrics: dict, step_s: float, flops: float, version: int | None = None) -> None:
+        """`batch` was trained at `version` (in `step_s` seconds, `flops` FLOPs): its records'
+        fate is decided, and a checkpoint from now on covers them."""
         self.consumer.settle(batch)
+        if self.lag is not None and version is not None:
+            self.lag.observe(self.staleness.staleness(r, version) for r in batch if r.trajectories)
         self.stats.on_step(batch, metrics, step_s, flops)
         if self.watch is not None:
             self.watch.progressed()
@@ -90,9 +94,12 @@ class DataPlane:
         """Checkpoint `step`'s save is about to begin: the dedup ids it must hold."""
         return self.consumer.checkpoint_ids(version, step)
 
-    def published(self) -> None:
-        """A version was published and checkpointed: a sync run may open its next round."""
+    def published(self, version: int | None = None) -> None:
+        """`version` was published and checkpointed: a sync run may open its next round; the
+        lag controller judges the version's lag and may resize the window."""
         self.schedule.next_round()
+        if self.lag is not None and version is not None and (window := self.lag.on_version(version)) is not None:
+            self.credits.resize(window)
 
     def stop(self) -> None:
         """Stops requesting (first in the teardown)."""
@@ -154,5 +161,6 @@ class DataPlane:
             schedule=self.schedule.name,
             sync=self.schedule.summary(),
             accounting=self.accounting(),
+            lag_control=self.lag.summary() if self.lag is not None else None,
             exit_code=exit_code,
         )

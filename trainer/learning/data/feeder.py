@@ -120,6 +120,15 @@ class TrajectoryCredits:
                 self._round_left -= n
             return True
 
+    def resize(self, window: int) -> None:
+        """A new window (the lag controller's): a smaller one admits nothing new until the
+        outstanding drop below it; nothing already requested is taken back."""
+        with self._cond:
+            if self.rounds:
+                raise ValueError("a synchronous round's window is its round: not resized")
+            self.window = int(window)
+            self._cond.notify_all()
+
     def release(self, n: int) -> None:
         with self._cond:
             self.outstanding = max(0, self.outstanding - n)
