@@ -49,7 +49,9 @@ class LagControlConfig:
     settle_versions: int | None = knob(
         None, "versions to wait after a change before judging again (unset: ceil(target) + 1)", ge=1
     )
-    min_records: int = knob(2, "records trained since the last decision before one is made", ge=1)
+    # A version's lag is a mean of integers over a few records: one version of a small batch
+    # is noise; the records are pooled across versions until there are this many.
+    min_records: int = knob(8, "records trained since the last decision before one is made", ge=1)
 
 
 @dataclasses.dataclass(frozen=True)
