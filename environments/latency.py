@@ -8,6 +8,12 @@ the effect can be measured locally. Specs are short strings for command-line fla
     fixed:SECONDS               always SECONDS
     uniform:LOW:HIGH            uniform in [LOW, HIGH]
     lognormal:MEDIAN:SIGMA      MEDIAN * exp(SIGMA * N(0, 1)) (heavy right tail)
+    file:PATH                   the spec written in the file PATH, read again at most once a
+                                second: a world that changes while the run goes on (the lag
+                                controller's benchmark changes its tools' latency mid-run)
+
+A file whose text is not a spec keeps the last good one (counted in `bad_reads`); a file
+missing at the start is refused, as any bad spec is.
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import time
+from pathlib import Path
 
 from environments.fields import bounded, check_fields
 
-KINDS = ("none", "fixed", "uniform", "lognormal")
+KINDS = ("none", "fixed", "uniform", "lognormal", "file")
 _SPEC_PARAMS = {"none": (), "fixed": ("seconds",), "uniform": ("low", "high"), "lognormal": ("median", "sigma")}
+REREAD_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,10 +39,13 @@ class LatencyModel:
     high: float = bounded(0.0, ge=0, finite=True)
     median: float = bounded(0.0, ge=0, finite=True)
     sigma: float = bounded(0.0, ge=0, finite=True)
+    path: str = ""  # kind "file": where the current spec is written
     seed: int = 0
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.kind == "file":
+            _read_spec(self.path, self.seed)  # refused now if missing or not a spec
         if self.kind == "uniform" and self.low > self.high:
             raise ValueError(f"uniform latency needs low <= high, got {self.low} > {self.high}")
         if self.kind == "lognormal" and self.median <= 0:
@@ -45,6 +57,11 @@ class LatencyModel:
             raise ValueError(f"latency spec must be a string, got {type(spec).__name__}")
         kind, *parts = spec.strip().split(":")
         kind = kind.strip().lower()
+        if kind == "file":
+            path = spec.strip().partition(":")[2]
+            if not path:
+                raise ValueError(f"bad latency spec {spec!r}: expected 'file:PATH'")
+            return cls(kind="file", path=path, seed=seed)
         if kind not in _SPEC_PARAMS:
             raise ValueError(f"bad latency spec {spec!r}: kind must be one of {KINDS}")
         names = _SPEC_PARAMS[kind]
@@ -58,6 +75,8 @@ class LatencyModel:
         return cls(kind=kind, seed=seed, **dict(zip(names, values)))
 
     def to_spec(self) -> str:
+        if self.kind == "file":
+            return f"file:{self.path}"
         return ":".join([self.kind, *(repr(float(getattr(self, n))) for n in _SPEC_PARAMS[self.kind])])
 
     def sampler(self, stream: int | str = 0) -> LatencySampler:
@@ -66,7 +85,18 @@ class LatencyModel:
         `stream` lets each episode (e.g. keyed by task id) draw its own sequence, so
         concurrent episodes do not all wait in lockstep.
         """
-        return LatencySampler(self, random.Random(f"latency:{self.seed}:{stream}"))
+        rng = random.Random(f"latency:{self.seed}:{stream}")
+        return FileLatencySampler(self, rng) if self.kind == "file" else LatencySampler(self, rng)
+
+
+def _read_spec(path: str, seed: int) -> LatencyModel:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError as e:
+        raise ValueError(f"latency file {path!r} cannot be read: {e}") from None
+    if text.lower().startswith("file"):
+        raise ValueError(f"latency file {path!r} names another file ({text!r}): write a spec there")
+    return LatencyModel.from_spec(text, seed)
 
 
 class LatencySampler:
@@ -83,6 +113,27 @@ class LatencySampler:
         if m.kind == "uniform":
             return self._rng.uniform(m.low, m.high)
         return self._rng.lognormvariate(math.log(m.median), m.sigma)
+
+
+class FileLatencySampler:
+    """Samples the spec the file holds now; reads it again at most once a second."""
+
+    bad_reads = 0  # across samplers: reads whose text was not a spec (the last good one kept)
+
+    def __init__(self, model: LatencyModel, rng: random.Random, clock=time.monotonic) -> None:
+        self._m, self._rng, self._clock = model, rng, clock
+        self._current = _read_spec(model.path, model.seed)
+        self._read_at = clock()
+
+    def sample(self) -> float:
+        now = self._clock()
+        if now - self._read_at >= REREAD_S:
+            self._read_at = now
+            try:
+                self._current = _read_spec(self._m.path, self._m.seed)
+            except ValueError:
+                FileLatencySampler.bad_reads += 1
+        return LatencySampler(self._current, self._rng).sample()
 
 
 def as_latency_model(value) -> LatencyModel:

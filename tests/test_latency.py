@@ -1,9 +1,11 @@
 """LatencyModel: spec parsing, validation, determinism, distribution shape."""
 
+import random
 import statistics
 
 import pytest
 
+from environments import latency
 from environments.latency import LatencyModel
 
 
@@ -93,3 +95,38 @@ def test_lognormal_median_and_tail():
     assert statistics.median(xs) == pytest.approx(0.2, rel=0.05)
     assert min(xs) > 0
     assert statistics.mean(xs) > statistics.median(xs)  # right-skewed: mean = m*exp(s^2/2)
+
+
+def test_a_file_spec_follows_the_file_and_keeps_the_last_good_one(tmp_path, monkeypatch):
+    path = tmp_path / "latency"
+    path.write_text("fixed:0.5\n")
+    model = LatencyModel.from_spec(f"file:{path}")
+    assert model.kind == "file" and model.to_spec() == f"file:{path}"
+    now = [0.0]
+    sampler = latency.FileLatencySampler(model, random.Random(0), clock=lambda: now[0])
+    assert sampler.sample() == 0.5
+    path.write_text("fixed:2")
+    assert sampler.sample() == 0.5  # read again only once a second has passed
+    now[0] = 1.0
+    assert sampler.sample() == 2.0
+    path.write_text("fixed:-1")  # not a spec: the last good one stays, counted
+    bad = latency.FileLatencySampler.bad_reads
+    now[0] = 2.0
+    assert sampler.sample() == 2.0 and latency.FileLatencySampler.bad_reads == bad + 1
+    path.write_text("uniform:1:3")
+    now[0] = 3.0
+    assert 1.0 <= sampler.sample() <= 3.0
+    assert isinstance(model.sampler(stream=7), latency.FileLatencySampler)
+
+
+def test_a_file_spec_is_refused_at_start_when_the_file_is_missing_or_not_a_spec(tmp_path):
+    with pytest.raises(ValueError, match="cannot be read"):
+        LatencyModel.from_spec(f"file:{tmp_path / 'none'}")
+    (tmp_path / "loop").write_text(f"file:{tmp_path / 'loop'}")
+    with pytest.raises(ValueError, match="names another file"):
+        LatencyModel.from_spec(f"file:{tmp_path / 'loop'}")
+    (tmp_path / "junk").write_text("soon")
+    with pytest.raises(ValueError, match="bad latency spec"):
+        LatencyModel.from_spec(f"file:{tmp_path / 'junk'}")
+    with pytest.raises(ValueError, match="file:PATH"):
+        LatencyModel.from_spec("file:")
