@@ -29,6 +29,7 @@ def run_row(setting: str, seed: int, workdir: Path, s: DemoSummary, target: floa
     hist = {int(k): v for k, v in L.staleness_histogram.items()}
     n = sum(hist.values())
     pairs = reward_tracking(steps, evals)
+    rollout_s, learner_s = split_time(steps)
     return {
         "setting": setting,
         "seed": seed,
@@ -56,7 +57,31 @@ def run_row(setting: str, seed: int, workdir: Path, s: DemoSummary, target: floa
         "behaviour_weight_mean": _mean(r.get("losses/behaviour_weight_mean") for r in steps),
         "reward_tracking": pairs,
         "reward_tracking_r": tracking_r(pairs),
+        # The sync run's own split of its time (async: the same split, for the record).
+        "rollout_s": rollout_s,
+        "learner_s": learner_s,
+        "overlap_bound": overlap_bound(rollout_s, learner_s),
     }
+
+
+def split_time(steps: list[dict]) -> tuple[float | None, float | None]:
+    """(rollout s, learner s) between the run's first and last step: the learner's step
+    time summed, and the rest (in a sync run, waiting for its round's rollouts)."""
+    timed = [r for r in steps if "perf/wall_s" in r and "perf/step_s" in r]
+    if len(timed) < 2:
+        return None, None
+    learner = sum(r["perf/step_s"] for r in timed[1:])  # the first step's time is before the span
+    whole = timed[-1]["perf/wall_s"] - timed[0]["perf/wall_s"]
+    return round(max(0.0, whole - learner), 2), round(learner, 2)
+
+
+def overlap_bound(rollout_s: float | None, learner_s: float | None) -> float | None:
+    """The least share of the sync run's time an asynchronous run can take, by overlap
+    alone: max(R, L) / (R + L) (the same versions, the rollouts hidden behind the steps or
+    the steps behind the rollouts)."""
+    if rollout_s is None or learner_s is None or rollout_s + learner_s <= 0:
+        return None
+    return round(max(rollout_s, learner_s) / (rollout_s + learner_s), 3)
 
 
 def _span(xs: list) -> str:
@@ -106,7 +131,9 @@ def _ratios(runs: list[dict], mine: list[float | None], sync: dict[int, list[dic
     return ", ".join(out) or "-"
 
 
-def _times_row(name: str, runs: list[dict], sync: dict[int, list[dict]], threshold: float, window_s: float) -> list:
+def _times_row(
+    name: str, runs: list[dict], sync: dict[int, list[dict]], threshold: float, window_s: float, bounds=None
+) -> list:
     def first_s(held):
         return (first_at(held, threshold) or {}).get("rl_s")
 
@@ -116,6 +143,7 @@ def _times_row(name: str, runs: list[dict], sync: dict[int, list[dict]], thresho
     hits = [first_at(r["held_out"], threshold) for r in runs]
     firsts = [h["rl_s"] if h else None for h in hits]
     averaged = [averaged_s(r["held_out"]) for r in runs]
+    bound, efficiency = _against_bound(runs, averaged, sync, averaged_s, bounds or {})
     return [
         threshold,
         name,
@@ -125,12 +153,29 @@ def _times_row(name: str, runs: list[dict], sync: dict[int, list[dict]], thresho
         _ratios(runs, firsts, sync, first_s),
         _span(averaged),
         _ratios(runs, averaged, sync, averaged_s),
+        bound,
+        efficiency,
     ]
+
+
+def _against_bound(runs, mine, sync, at, bounds: dict[int, float]) -> tuple[str, str]:
+    """The same seed's sync overlap bound, and bound / achieved ratio (1: all of the
+    overlap won), for each run of a setting."""
+    got_bounds, effs = [], []
+    for r, t in zip(runs, mine):
+        b, base = bounds.get(r["seed"]), at(sync.get(r["seed"], []))
+        if b is None or r["setting"] == "sync":
+            continue
+        got_bounds.append(f"{b:.2f}")
+        if t is not None and base:
+            effs.append(f"{b / (t / base):.2f}")
+    return ", ".join(got_bounds) or "-", ", ".join(effs) or "-"
 
 
 def print_tables(lat: str, sweep: dict, thresholds: tuple[float, ...], window_s: float = 30.0) -> None:
     groups = by_setting(sweep["runs"])
     sync = {r["seed"]: r["held_out"] for r in groups.get("sync", [])}
+    bounds = {r["seed"]: r.get("overlap_bound") for r in groups.get("sync", []) if r.get("overlap_bound")}
     print_table(
         f"tool latency {lat}: seconds and versions from v0 to held-out sampled success (mean [range] over seeds); "
         f"then the same for the curve averaged over its last {window_s:g} s",
@@ -143,8 +188,10 @@ def print_tables(lat: str, sweep: dict, thresholds: tuple[float, ...], window_s:
             "s / same seed's sync",
             f"s, {window_s:g} s average",
             "averaged / same seed's sync",
+            "overlap bound (sync's R, L)",
+            "efficiency (bound / averaged ratio)",
         ],
-        [_times_row(name, runs, sync, t, window_s) for t in thresholds for name, runs in groups.items()],
+        [_times_row(name, runs, sync, t, window_s, bounds) for t in thresholds for name, runs in groups.items()],
     )
     rows = [
         [

@@ -104,3 +104,21 @@ def test_each_run_starts_from_the_environments_recipe_and_the_sweeps_settings_wi
     assert ours.batch_records == 4 and config.get(ours, in_flight) == 312
     calculator = staleness.demo_config(config.parse(staleness.StalenessConfig, []), batch_records=None)
     assert calculator.env.name == "calculator" and calculator.batch_records == 4
+
+
+def test_the_overlap_bound_comes_from_the_sync_runs_own_split_of_its_time():
+    steps = [{"perf/wall_s": w, "perf/step_s": 2.0} for w in (10.0, 20.0, 30.0, 40.0)]
+    assert report.split_time(steps) == (24.0, 6.0)  # 30 s between first and last step, 3 steps of 2 s
+    assert report.overlap_bound(24.0, 6.0) == 0.8  # rollouts 4x the steps: overlap hides only the steps
+    assert report.overlap_bound(10.0, 10.0) == 0.5
+    assert report.split_time(steps[:1]) == (None, None) and report.overlap_bound(None, 1.0) is None
+
+    def at(held):
+        return held[0]["t"] if held else None
+
+    runs = [{"setting": "bound2", "seed": 0}, {"setting": "bound2", "seed": 1}, {"setting": "bound2", "seed": 2}]
+    sync = {0: [{"t": 100.0}], 1: [{"t": 50.0}]}
+    bound, efficiency = report._against_bound(runs, [80.0, 50.0, 10.0], sync, at, {0: 0.8, 1: 0.6})
+    # seed 0 took 0.80 of its sync time against a bound of 0.80 (efficiency 1.00); seed 1
+    # took all of it (0.60); seed 2 has no sync run to compare with.
+    assert bound == "0.80, 0.60" and efficiency == "1.00, 0.60"
