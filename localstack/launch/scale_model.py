@@ -270,7 +270,7 @@ def plan(
         "min_publish_every": min_publish_every,
         "max_concurrent_groups": p.max_concurrent_groups,
         "staleness_versions": pred.staleness_versions,
-        "max_staleness": math.ceil(pred.staleness_versions) + 1,
+        "max_staleness": p.max_staleness,
         "duty": pred.duty_cycle,
         "sync_duty": p.sync_prediction.duty_cycle,
         "binds": worker_binds if binds == "rollout compute" else _BINDS.get(binds, binds),
@@ -280,7 +280,8 @@ def plan(
         "backlog_s": backlog / max(1e-9, n * worker_rate),
         "learner_flags": [
             f"--max_in_flight={p.max_in_flight}",
-            f"--max_staleness={math.ceil(pred.staleness_versions) + 1}",
+            f"--max_staleness={p.max_staleness}",
+            f"--lag_target={staleness_bound:g}",  # the learner's loop holds it as workers scale
             f"--batch_records={batch_records}",
             f"--publish_every={publish_every}",
         ],

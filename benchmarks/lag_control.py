@@ -1,0 +1,202 @@
+"""The lag controller in a world that changes: the demo with the closed loop on, its tools'
+latency switched mid-run, and how many versions the realised lag takes to come back.
+
+    .venv/bin/python benchmarks/lag_control.py --latencies fixed:0.5,fixed:2,fixed:0.5 --every 6
+    .venv/bin/python benchmarks/lag_control.py --latencies fixed:2            # no change: steady state
+
+The demo (`localstack.launch.demo`, the byte model on the calculator unless --demo_flags say
+otherwise) runs with `--tool_latency file:PATH` (environments/latency.py): this script
+writes the first latency there, then the next one each time the learner has published
+--every more versions, watching its metrics. The learner holds --lag_target with the
+loop (trainer/learning/data/lag_control.py), from the window the plan (or --max_in_flight)
+gives it.
+
+Per phase: the target, the realised lag per version (the mean staleness of the records its
+steps trained), and the versions from the change until the lag is within ±15 % of the
+target for 3 versions running. Writes lag_control.json and lag_control.png (lag, window and
+in flight, held-out success against time, each change marked) into --out.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _report import machine_info, print_table, stop_children_on_exit
+
+from core import config
+from core.config import configclass, knob
+from core.telemetry.scalars import read_rows
+from localstack.launch.demo import run_local
+from localstack.launch.demo_config import parse_args
+from localstack.reports.heldout import curve
+
+BAND, RUNNING = 0.15, 3  # within ±15 % of the target, 3 versions running: settled
+
+
+@configclass
+class LagBenchConfig:
+    latencies: str = knob("fixed:0.5,fixed:2,fixed:0.5", "the tools' latency, phase by phase")
+    every: int = knob(6, "versions a phase lasts (the last lasts the rest of the run)", ge=1)
+    lag_target: float = knob(2.0, "the mean lag the learner's loop holds", gt=0)
+    max_staleness: int = knob(4, "the hard cap on a record's lag", ge=1)
+    demo_flags: str = knob("", "more demo flags (e.g. '--max_steps=60 --plan=auto')")
+    workdir: str = knob("/tmp/lag_control", "the run's workdir")
+    out: str = knob("docs/results", "where lag_control.json and .png go")
+
+
+class LatencySwitch(threading.Thread):
+    """Writes each phase's latency into the file once the learner has published `every`
+    more versions; keeps when (learner wall s) and at which version it switched."""
+
+    def __init__(self, path: Path, latencies: list[str], every: int, metrics: Path):
+        super().__init__(daemon=True)
+        self.path, self.latencies, self.every, self.metrics = path, latencies, every, metrics
+        self.switches: list[dict] = []
+        self.done = threading.Event()
+        path.write_text(latencies[0])
+
+    def run(self):
+        phase = 0
+        while not self.done.is_set() and phase + 1 < len(self.latencies):
+            rows = read_rows(self.metrics) if self.metrics.exists() else []
+            version = max((r.get("policy/version", 0) for r in rows), default=0)
+            if version >= (phase + 1) * self.every:
+                phase += 1
+                self.path.write_text(self.latencies[phase])
+                wall = rows[-1].get("perf/wall_s") if rows else None
+                self.switches.append({"version": version, "wall_s": wall, "latency": self.latencies[phase]})
+                print(f"--- v{version}: tools now {self.latencies[phase]}", flush=True)
+            self.done.wait(0.5)
+
+
+def per_version_lag(steps: list[dict]) -> dict[int, float]:
+    """The mean staleness of the records trained at each version (steps weighted alike)."""
+    out: dict[int, list[float]] = {}
+    for r in steps:
+        if "staleness/mean" in r and "policy/version" in r:
+            out.setdefault(int(r["policy/version"]), []).append(r["staleness/mean"])
+    return {v: sum(xs) / len(xs) for v, xs in sorted(out.items())}
+
+
+def settled_after(lags: dict[int, float], start: int, end: int | None, target: float) -> int | None:
+    """Versions from `start` until the lag is within the band for RUNNING versions running
+    (counted to the first of them), within [start, end); None if never."""
+    run = 0
+    for v in sorted(lags):
+        if v < start or (end is not None and v >= end):
+            continue
+        run = run + 1 if abs(lags[v] - target) <= BAND * target else 0
+        if run == RUNNING:
+            return v - RUNNING + 1 - start
+    return None
+
+
+def phases(switches: list[dict], latencies: list[str], lags: dict[int, float], target: float) -> list[dict]:
+    starts = [0, *(s["version"] for s in switches)]
+    out = []
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else None
+        mine = [lag for v, lag in lags.items() if v >= start and (end is None or v < end)]
+        out.append({
+            "latency": latencies[i],
+            "from_version": start,
+            "to_version": end,
+            "mean_lag": round(sum(mine) / len(mine), 3) if mine else None,
+            "versions_to_settle": settled_after(lags, start, end, target),
+        })  # fmt: skip
+    return out
+
+
+def plot(result: dict, steps: list[dict], held: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [r["perf/wall_s"] for r in steps]
+    fig, ax = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    target = result["lag_target"]
+    ax[0].plot(t, [r.get("staleness/mean", 0) for r in steps], ".-", label="mean lag of the step's records")
+    ax[0].axhspan(target * (1 - BAND), target * (1 + BAND), alpha=0.2, label=f"target {target:g} ± 15 %")
+    ax[0].set_ylabel("versions")
+    ax[1].plot(t, [r.get("feeder/window", 0) for r in steps], label="credit window")
+    ax[1].plot(t, [r.get("feeder/in_flight", 0) for r in steps], alpha=0.6, label="in flight")
+    ax[1].set_ylabel("trajectories")
+    version_at = {}
+    for r in steps:
+        version_at.setdefault(r["policy/version"], r["perf/wall_s"])
+    pts = [(version_at[p["version"]], p["success"]) for p in held if p["version"] in version_at]
+    ax[2].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="held-out sampled success")
+    ax[2].set_ylabel("success")
+    ax[2].set_xlabel("learner wall s")
+    for a in ax:
+        for s in result["switches"]:
+            if s["wall_s"] is not None:
+                a.axvline(s["wall_s"], color="k", ls="--", lw=0.8)
+        a.legend(fontsize=7, loc="upper left")
+    ax[0].set_title(f"lag control, tools {result['latencies']} (dashed: a change)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = config.parse(LagBenchConfig, argv)
+    stop_children_on_exit()
+    latencies = args.latencies.split(",")
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    demo = parse_args([
+        f"--workdir={work / 'demo'}", f"--tool_latency=file:{work / 'latency'}", "--live=off",
+        f"--learner.lag_target={args.lag_target:g}", f"--learner.max_staleness={args.max_staleness}",
+        *args.demo_flags.split(),
+    ])  # fmt: skip
+    metrics = work / "demo" / "logs" / "learner" / "metrics.jsonl"
+    switch = LatencySwitch(work / "latency", latencies, args.every, metrics)
+    switch.start()
+    print(f"--- localstack.launch.demo {' '.join(config.to_argv(demo))}", flush=True)
+    t0 = time.monotonic()
+    summary = run_local(demo)
+    switch.done.set()
+    steps = [r for r in read_rows(metrics) if "perf/wall_s" in r]
+    lags = per_version_lag(steps)
+    result = {
+        "command": "python benchmarks/lag_control.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": machine_info(),
+        "started": time.strftime("%F %T", time.gmtime(time.time() - (time.monotonic() - t0))),
+        "latencies": latencies,
+        "lag_target": args.lag_target,
+        "switches": switch.switches,
+        "lag_by_version": {str(v): round(x, 3) for v, x in lags.items()},
+        "phases": phases(switch.switches, latencies, lags, args.lag_target),
+        "lag_control": summary.learner.lag_control,
+        "held_out": curve(read_rows(work / "demo" / "eval.jsonl"), "sampled") if summary.held_out else [],
+        "demo_wall_s": summary.demo_wall_s,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lag_control.json").write_text(json.dumps(result, indent=2, default=str))
+    plot(result, steps, result["held_out"], out / "lag_control.png")
+    print_table(
+        f"lag control: target {args.lag_target:g}, ±{BAND:.0%}, settled = {RUNNING} versions running within",
+        ["phase", "tools", "versions", "mean lag", "versions from the change to settled"],
+        [
+            [i, p["latency"], f"{p['from_version']}-{p['to_version'] if p['to_version'] is not None else 'end'}",
+             p["mean_lag"], p["versions_to_settle"] if p["versions_to_settle"] is not None else "not settled"]
+            for i, p in enumerate(result["phases"])
+        ],
+    )  # fmt: skip
+    changes = (summary.learner.lag_control or {}).get("changes", [])
+    print(f"{len(changes)} window changes: " + "; ".join(f"v{c['version']} {c['old']}->{c['new']}" for c in changes))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
