@@ -35,6 +35,7 @@ setup(
         "ml_dtypes>=0.4",  # bf16 tensors read from and written to safetensors
         "tokenizers>=0.20",
         "jinja2>=3.1.6",  # chat templates, sandboxed; older releases have sandbox escapes
+        "zstandard>=0.22",  # delta policy versions (core/contracts/store_delta.py)
         "gguf>=0.17",  # llama.cpp GGUF files read and dequantised (agentic-rl import-gguf; transformers' GGUF oracle)
         # The sandbox's syscall filter: ctypes over the system's libseccomp.so.2 (without
         # either, model code runs unfiltered, with a loud warning).

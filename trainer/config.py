@@ -88,6 +88,15 @@ class LearnerJobConfig:
     )
     publish_bf16: bool = knob(False, "publish policy versions in bfloat16")
     keep_versions: int = knob(5, "policy versions kept in the store")
+    delta_every: int = knob(
+        0,
+        "publish a full policy version every K versions and, in between, deltas against the last full one "
+        "(0 or 1: every version full)",
+        ge=0,
+    )
+    delta_max_share: float = knob(
+        0.5, "publish a full version instead of a delta larger than this share of the last full one", gt=0, le=1
+    )
     checkpoint_dir: str | None = knob(
         None,
         "learner checkpoints (a dir or gs://...), saved at every policy publish; a restarted learner resumes "

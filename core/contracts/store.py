@@ -1,9 +1,14 @@
 """Policy store: the learner publishes policy versions, rollout workers poll them.
 
 Layout under `root` (a local directory or gs://bucket/prefix):
-    policies/<version:08d>/                Orbax checkpoint of the params pytree, then
-    policies/<version:08d>/metadata.json   written after Orbax has finalised the data
+    policies/<version:08d>/                Orbax checkpoint of the params pytree (a full
+                                           version), or delta.bin (a delta version), then
+    policies/<version:08d>/metadata.json   written after the data is whole
     LATEST                                 {"version", "path", "written_at"}, written last
+
+A delta version (store_delta.py) holds what changed against a full version, its base
+("delta_of" in its metadata); a reader rebuilds it from the base, or applies it to the
+base it already holds (load_delta). Never a delta of a delta: the chain length is 1.
 
 Two commit points make a reader safe: a version directory counts only once its
 metadata.json exists (Orbax's tmp dirs, and on GCS its in-place half-written dirs, never
@@ -68,6 +73,29 @@ def _cast_floats(tree: Any, dtype) -> Any:
     return jax.tree.map(lambda x: x.astype(dtype) if _is_float(x) and x.dtype != dtype else x, tree)
 
 
+def as_stored(params: Any, dtype=None) -> Any:
+    """The params as a version stores them: host numpy arrays, floating leaves in `dtype`
+    (the cast publish applies). A delta is encoded against exactly these bytes."""
+    return jax.tree.map(np.asarray, _cast_floats(params, dtype) if dtype is not None else params)
+
+
+def as_target(params: Any, target: Any, what: str = "params") -> Any:
+    """Host params (stored dtypes) as load returns them for `target`: cast to its dtypes,
+    checked (StoreError), and on the device for jax targets (Orbax does that itself)."""
+    params = _to_target_dtypes(params, target)
+    _check_matches(params, target, what)
+    return jax.tree.map(_placed_like, params, target)
+
+
+def _placed_like(x: np.ndarray, want: Any):
+    """A host array where `want` has it: on its sharding (jax targets), else on the host."""
+    if isinstance(want, jax.Array):
+        return jax.device_put(x, want.sharding)
+    if isinstance(want, jax.ShapeDtypeStruct):
+        return jax.device_put(x, want.sharding) if want.sharding is not None else jnp.asarray(x)
+    return x
+
+
 def _to_target_dtypes(params: Any, target: Any) -> Any:
     """Orbax honours the target dtype for jax targets, but restores numpy targets at the
     stored dtype: cast float leaves (e.g. a bf16-published version) to what the target wants."""
@@ -92,6 +120,13 @@ def _check_matches(params: Any, target: Any, what: str) -> None:
                 f"cannot restore {what}: {jax.tree_util.keystr(key)} is {got.dtype}{list(got.shape)},"
                 f" target wants {want.dtype}{list(want.shape)}"
             )
+
+
+def _delta():
+    """core.contracts.store_delta, imported when first used: it imports this module's errors."""
+    from core.contracts import store_delta
+
+    return store_delta
 
 
 class PolicyStore:
@@ -138,15 +173,32 @@ class PolicyStore:
             raise StoreError(f"{what} failed: {type(e).__name__}: {e}") from e
 
     # ---- writer -------------------------------------------------------------
-    def publish(self, version: int, params: Any, metadata: dict | None = None, *, dtype=None) -> epath.Path:
+    def publish(
+        self,
+        version: int,
+        params: Any,
+        metadata: dict | None = None,
+        *,
+        dtype=None,
+        delta_of: int | None = None,
+        base_params: Any = None,
+        delta=None,
+    ) -> epath.Path:
         """Writes `params` as `version` and then points LATEST at it (blocking).
-        dtype (e.g. jnp.bfloat16): store floating leaves in it; load casts back to the target."""
+        dtype (e.g. jnp.bfloat16): store floating leaves in it; load casts back to the target.
+        delta_of: write a delta against this FULL version instead (same dtype), encoded
+        against `base_params` (its params as stored, see as_stored) or, without them, against
+        the base read from the store; `delta`: that delta already encoded (store_delta.encode
+        of as_stored(params, dtype) against the base), so a caller who weighed it pays once."""
         if type(version) is not int or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
         current = self.latest_version()
         if current is not None and version <= current:
             raise ValueError(f"version {version} must be greater than LATEST version {current}")
-        path = self._write_version(version, params, metadata, dtype=dtype)
+        if delta_of is None:
+            path = self._write_version(version, params, metadata, dtype=dtype)
+        else:
+            path = self._write_delta(version, params, metadata, dtype, delta_of, base_params, delta)
         self._write_pointer(version)
         return path
 
@@ -176,9 +228,17 @@ class PolicyStore:
                     ckptr.wait_until_finished()
                 raise
             ckptr.wait_until_finished()
-        # Hashed after Orbax has finalised the directory and before the marker: the manifest
-        # commits with the version. Read back, so it vouches for what the storage holds.
-        root = os.fspath(path)
+        self._commit(version, metadata, dtype, leaves=_delta().leaf_specs(params))
+        return path
+
+    def _commit(self, version: int, metadata: dict | None, dtype, **extra) -> None:
+        """Hashes what landed in the version directory and writes its metadata.json: the
+        per-version commit marker. Hashed after the data is final and before the marker, so
+        the manifest commits with the version; read back, so it vouches for what the storage
+        holds. `bytes`: the version's size on storage (a report compares
+        delta and full versions by it); `extra`: full versions' leaf specs (a reader keeping
+        one as a base restores it at the stored dtypes), a delta's base and index."""
+        root = os.fspath(self.version_path(version))
         manifest = mf.build(self._files.walk(root), lambda rel: self._files.sha256(f"{root}/{rel}"), METADATA)
         meta = {
             "version": version,
@@ -187,8 +247,34 @@ class PolicyStore:
             "dtype": None if dtype is None else np.dtype(dtype).name,
             "manifest_version": mf.MANIFEST_VERSION,
             "manifest": manifest,
+            "bytes": sum(entry["bytes"] for entry in manifest.values()),
+            **extra,
         }
-        self._files.write_text(self._marker(version), json.dumps(meta))  # the per-version commit marker
+        self._files.write_text(self._marker(version), json.dumps(meta))
+
+    def _write_delta(self, version, params, metadata, dtype, base: int, base_params, delta) -> epath.Path:
+        """Step 1 of publishing a delta version: delta.bin, then its commit marker."""
+        store_delta = _delta()
+        if type(base) is not int or not 0 <= base < version:
+            raise ValueError(f"delta_of must be an earlier version than {version}, got {base!r}")
+        base_meta = self.read_metadata(base)  # StoreError when it is missing
+        if "delta_of" in base_meta:
+            raise ValueError(f"version {base} is itself a delta: a delta's base must be a full version (no chains)")
+        dtype_name = None if dtype is None else np.dtype(dtype).name
+        if base_meta.get("dtype") != dtype_name:
+            raise ValueError(f"version {base} is stored in {base_meta.get('dtype')}, this one would be {dtype_name}")
+        if delta is None:
+            stored = as_stored(params, dtype)
+            if base_params is None:  # read the base as stored: its own dtypes, no cast
+                base_params = self.load(base, store_delta.stored_target(store_delta.leaf_specs(stored), stored))
+            delta = store_delta.encode(stored, as_stored(base_params, dtype))
+        path = self.version_path(version)
+        if isinstance(self._files, LocalFiles):
+            self.policies_dir.mkdir(parents=True, exist_ok=True)
+        self._files.delete(self._marker(version))  # as in _write_version: never vouch for old data
+        self._files.delete_tree(os.fspath(path))  # a crashed earlier write's files must not join the manifest
+        store_delta.write_parts(self._files, os.fspath(path / store_delta.DATA_FILE), delta.parts)
+        self._commit(version, metadata, dtype, delta_of=base, delta=delta.header())
         return path
 
     def _write_pointer(self, version: int) -> None:
@@ -229,11 +315,16 @@ class PolicyStore:
 
     def load(self, version: int, target: Any) -> Any:
         """Params of `version`, restored with exactly the structure/shapes/dtypes of
-        `target` (concrete arrays or jax.ShapeDtypeStruct; shardings are honoured)."""
+        `target` (concrete arrays or jax.ShapeDtypeStruct; shardings are honoured). A delta
+        version is rebuilt from its base, read from the store (ChecksumError when the base is
+        gone or the result fails its checksums)."""
         path = self.version_path(version)
         if not self.is_complete(version):
             raise StoreError(f"policy version {version} at {path} is missing or incomplete")
-        self.verify(version)
+        meta = self.read_metadata(version)
+        if "delta_of" in meta:
+            return self._load_delta(version, meta, target)
+        self.verify(version, meta)
         # A fresh checkpointer per load: nothing cached between polls.
         try:
             with ocp.StandardCheckpointer() as ckptr:
@@ -244,12 +335,13 @@ class PolicyStore:
         _check_matches(params, target, f"policy version {version}")
         return params
 
-    def verify(self, version: int) -> None:
+    def verify(self, version: int, meta: dict | None = None, data: dict[str, bytes] | None = None) -> None:
         """Checks every file of `version` against the manifest in its metadata: ChecksumError
         naming the first file that differs; StoreError for a version without a manifest
         unless the store was opened with allow_unverified. Reads the whole version once
-        (Orbax then reads it again: versions are immutable once committed)."""
-        meta = self.read_metadata(version)
+        (Orbax then reads it again: versions are immutable once committed); files already
+        read (`data`, by relative path) are hashed from memory instead."""
+        meta = self.read_metadata(version) if meta is None else meta
         if "manifest" not in meta:
             if self.allow_unverified:
                 return
@@ -262,11 +354,69 @@ class PolicyStore:
         root = os.fspath(self.version_path(version))
         listing = self._call(f"listing policy version {version}", self._files.walk, root)
         what = f"hashing policy version {version}"
-        found = mf.problem(
-            meta["manifest"], listing, lambda rel: self._call(what, self._files.sha256, f"{root}/{rel}"), METADATA
-        )
+        data = data or {}
+
+        def digest(rel: str) -> tuple[str, int]:
+            if rel in data:
+                return mf.sha256_chunks([data[rel]])
+            return self._call(what, self._files.sha256, f"{root}/{rel}")
+
+        found = mf.problem(meta["manifest"], listing, digest, METADATA)
         if found:
             raise ChecksumError(f"policy version {version} at {root}: {found}")
+
+    # ---- delta versions -----------------------------------------------------
+    def _delta_data(self, version: int, meta: dict) -> bytes:
+        """A delta version's data file, read once and checked against its manifest."""
+        store_delta = _delta()
+        if "manifest" not in meta:  # deltas never predate manifests: allow_unverified does not apply
+            raise ChecksumError(f"delta version {version} has no checksum manifest")
+        path = os.fspath(self.version_path(version) / store_delta.DATA_FILE)
+        data = self._call(f"reading delta version {version}", store_delta.read_bytes, self._files, path)
+        self.verify(version, meta, {store_delta.DATA_FILE: data} if data is not None else None)
+        if data is None:  # verify passed: the manifest does not even list it
+            raise ChecksumError(f"delta version {version} has no {store_delta.DATA_FILE}")
+        return data
+
+    def _load_delta(self, version: int, meta: dict, target: Any) -> Any:
+        store_delta = _delta()
+        data = self._delta_data(version, meta)  # the small read first: a corrupt delta costs no base read
+        store_delta.check_header(meta.get("delta"), len(data))
+        base_params = self.load_base(version, target, meta)
+        params = store_delta.decode(meta.get("delta"), data, base_params)
+        del base_params
+        return as_target(params, target, f"policy version {version}")
+
+    def load_base(self, version: int, target: Any, meta: dict | None = None) -> Any:
+        """The full version that delta `version` is rebuilt from, as stored (host numpy in
+        its stored dtypes), with `target`'s structure: what a reader keeps to apply the next
+        deltas to. ChecksumError when that base is missing or is itself a delta."""
+        store_delta = _delta()
+        meta = self.read_metadata(version) if meta is None else meta
+        base = meta.get("delta_of")
+        entries = store_delta.check_header(meta.get("delta"), None)
+        if type(base) is not int or base < 0 or not self.is_complete(base):
+            raise ChecksumError(f"delta version {version}: its base version {base!r:.20} is missing")
+        if "delta_of" in self.read_metadata(base):
+            raise ChecksumError(f"delta version {version}: its base {base} is a delta too (never followed)")
+        return self.load(base, store_delta.stored_target(entries, target))
+
+    def load_delta(self, version: int, base_params: Any, base_version: int, target: Any = None) -> Any:
+        """Params of delta `version`, applied to `base_params`: the params of full version
+        `base_version` as stored (numpy or jax, in the stored dtype), which the caller holds,
+        so the base is not read again; only the delta's files are. Returns numpy arrays in
+        the stored dtype with base_params' structure, or, given `target`, cast and checked
+        as load does. StoreError when `version` is not a delta of `base_version`;
+        ChecksumError when it is corrupt (DeltaMismatch: it does not rebuild to its
+        checksums from these base_params)."""
+        store_delta = _delta()
+        if not self.is_complete(version):
+            raise StoreError(f"policy version {version} is missing or incomplete")
+        meta = self.read_metadata(version)
+        if meta.get("delta_of") != base_version:
+            raise StoreError(f"policy version {version} is not a delta of version {base_version}")
+        params = store_delta.decode(meta.get("delta"), self._delta_data(version, meta), base_params)
+        return params if target is None else as_target(params, target, f"policy version {version}")
 
     def load_latest(self, target: Any) -> tuple[int, Any] | None:
         version = self.latest_version()
@@ -280,17 +430,32 @@ class PolicyStore:
         names = self._call("listing versions", self._files.children, os.fspath(self.policies_dir))
         return [(int(m.group(1)), m.group(2), self.policies_dir / name) for name in names if (m := _DIR_RE.match(name))]
 
+    def _bases_of(self, versions: set[int]) -> set[int]:
+        """The full versions that these delta versions are rebuilt from."""
+        bases = set()
+        for v in versions:
+            try:
+                base = self.read_metadata(v).get("delta_of")
+            except StoreError:
+                continue  # unreadable now: it cannot be served either
+            if type(base) is int:
+                bases.add(base)
+        return bases
+
     def gc(self, keep: int) -> list[int]:
         """Deletes all but the `keep` newest versions at or below LATEST (LATEST itself is
-        always kept), plus abandoned tmp/incomplete dirs older than LATEST. Dirs newer than
+        always kept), plus abandoned tmp/incomplete dirs older than LATEST, but never the
+        base of a delta it keeps (nor of a complete one newer than LATEST). Dirs newer than
         LATEST are left alone: a publish may be writing them. Returns deleted versions."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         latest = self.latest_version()
         if latest is None:
             return []
-        complete = [v for v in self.versions() if v <= latest]
-        doomed = set(complete[:-keep]) - {latest}
+        every = self.versions()
+        complete = [v for v in every if v <= latest]
+        kept = set(complete[-keep:]) | {latest} | {v for v in every if v > latest}
+        doomed = set(complete[:-keep]) - {latest} - self._bases_of(kept)
         deleted = []
         for v, tmp, path in self._scan():
             abandoned = (tmp is not None and v <= latest) or (tmp is None and v < latest and v not in complete)

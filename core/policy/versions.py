@@ -6,17 +6,26 @@ adapters, the adapter alone (its metadata says `lora`). An adapter is applied to
 checkpoint the process loaded once (`--model`), so a version costs the adapter's bytes, not
 the model's. A version whose model config differs from this process's is refused, naming
 both: serving it would sample from the wrong architecture.
+
+A delta version (core/contracts/store_delta.py) is applied to the full version it was
+written against, which the loader keeps on the host as stored (one copy, the last full
+version's) once the store uses deltas: a delta then costs only its own bytes. Without that
+base in hand the loader reads it once and keeps it. Deltas are never against deltas, so a
+kept full version is all a reader ever needs.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx
 
-from core.contracts.store import PolicyStore, StoreError
+from core.contracts import store_delta
+from core.contracts.store import PolicyStore, StoreError, as_target
 from core.policy import lora
 from core.policy.config import ModelConfig
 from core.policy.model import Transformer, abstract_tree
@@ -36,9 +45,17 @@ class VersionLoader:
         self.store, self.cfg, self._template = store, cfg, template
         self._target = _placed(abstract_tree(nnx.to_pure_dict(template)))
         self._base_fn, self._base = base, None
+        self._held: tuple[int, Any] | None = None  # (version, params as stored) of the last full version
+        self._deltas_seen = False
+        # The last load, for reports: {"version", "kind": "full"|"delta", "bytes", "seconds",
+        # "base_read"}. bytes: the files it fetched by their size on storage (a full version's
+        # manifest check reads its files once more, not counted); base_read: a delta whose base
+        # this loader did not hold, so the base's bytes are in it too.
+        self.last_load: dict | None = None
 
     def load(self, version: int) -> tuple[nnx.State, dict]:
         """(plain params State, the version's metadata file); StoreError when it cannot be served."""
+        t0 = time.monotonic()
         meta = self.store.read_metadata(version)
         published = meta.get("metadata", {})
         if self.cfg is not None and "model_config" in published:
@@ -52,20 +69,56 @@ class VersionLoader:
                     f"(--model / --model_config): {_difference(want.to_dict(), self.cfg.to_dict())}"
                 )
         if "lora" in published:
-            return self._merged(version, lora.LoraConfig.from_dict(published["lora"])), meta
-        state = jax.tree.map(lambda x: x, self._template)  # a fresh container, same structure
-        # On the device once: numpy leaves would be copied into every jitted call (at 135 M
-        # parameters, 0.54 GB and about 0.24 s per decode step on this CPU).
-        nnx.replace_by_pure_dict(state, jax.device_put(self.store.load(version, self._target)))
+            state = self._merged(version, meta, lora.LoraConfig.from_dict(published["lora"]))
+        else:
+            state = jax.tree.map(lambda x: x, self._template)  # a fresh container, same structure
+            # On the device once: numpy leaves would be copied into every jitted call (at 135 M
+            # parameters, 0.54 GB and about 0.24 s per decode step on this CPU).
+            nnx.replace_by_pure_dict(state, jax.device_put(self._read(version, meta, self._target)))
+        self.last_load["seconds"] = round(time.monotonic() - t0, 4)
         return state, meta
 
-    def _merged(self, version: int, lora_cfg: lora.LoraConfig) -> nnx.State:
+    def _merged(self, version: int, meta: dict, lora_cfg: lora.LoraConfig) -> nnx.State:
         if self._base_fn is None:
             raise StoreError(f"version {version} is a LoRA adapter: serving it needs the base checkpoint (--model)")
         if self._base is None:
             self._base = self._base_fn()
-        adapter = self.store.load(version, _adapter_target(self.cfg, lora_cfg))
+        adapter = self._read(version, meta, _adapter_target(self.cfg, lora_cfg))
         return lora.merge_params(self._base, adapter, lora_cfg)
+
+    def _read(self, version: int, meta: dict, target: dict) -> Any:
+        """The version's params for `target`, a delta applied to the full version held."""
+        base = meta.get("delta_of")
+        if base is None:
+            params = self._read_full(version, meta, target)
+            self.last_load = {"version": version, "kind": "full", "bytes": _bytes(meta), "base_read": False}
+            return params
+        self._deltas_seen = True
+        base_read = self._held is None or self._held[0] != base
+        if not base_read:
+            try:
+                params = self.store.load_delta(version, self._held[1], base, target)
+            except store_delta.DeltaMismatch:
+                base_read = True  # the copy held may be what is wrong: read the base again
+        if base_read:
+            self._held = None  # the old copy goes first: one copy at a time
+            self._held = (base, self.store.load_base(version, target, meta))
+            params = self.store.load_delta(version, self._held[1], base, target)
+        nbytes = _bytes(meta) + (_bytes(self.store.read_metadata(base)) if base_read else 0)
+        self.last_load = {"version": version, "kind": "delta", "bytes": nbytes, "base_read": base_read}
+        return params
+
+    def _read_full(self, version: int, meta: dict, target: dict) -> Any:
+        """A full version; kept as stored when the store uses deltas (its metadata says the
+        publisher writes them, or a delta came by), as the base of the deltas to come."""
+        every = meta.get("metadata", {}).get("delta_every")
+        uses_deltas = self._deltas_seen or (type(every) is int and every > 1)
+        if not (uses_deltas and isinstance(meta.get("leaves"), list)):
+            return self.store.load(version, target)
+        self._held = None
+        stored = self.store.load(version, store_delta.stored_target(meta["leaves"], target))
+        self._held = (version, stored)
+        return as_target(stored, target, f"policy version {version}")
 
 
 @functools.cache
@@ -84,6 +137,14 @@ def _placed(target: dict) -> dict:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     placed = lambda x: x.update(sharding=device) if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None else x
     return jax.tree.map(placed, target)
+
+
+def _bytes(meta: dict) -> int:
+    """A version's size on storage (versions from before the store recorded it: its manifest's sum)."""
+    if isinstance(meta.get("bytes"), int):
+        return meta["bytes"]
+    manifest = meta.get("manifest")
+    return sum(e.get("bytes", 0) for e in manifest.values() if isinstance(e, dict)) if isinstance(manifest, dict) else 0
 
 
 def _difference(a: dict, b: dict) -> str:

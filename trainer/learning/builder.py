@@ -190,6 +190,8 @@ def make_publisher(cfg: LearnerJobConfig, learner: Learner, checkpointer, start:
         is_primary=is_primary(),
         dtype=jnp.bfloat16 if cfg.publish_bf16 else None,
         keep_versions=cfg.keep_versions,
+        delta_every=cfg.delta_every,
+        delta_max_share=cfg.delta_max_share,
     )
 
 
