@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "the learner as a Vertex AI custom job: --dry_run builds and checks it offline, else submits",
     ),
     "generate": ("agentic_rl.generate", "sample from a Hugging Face checkpoint or a published policy version"),
-    "export": ("agentic_rl.export", "a published policy version as a Hugging Face checkpoint directory"),
+    "export": ("agentic_rl.export", "a published policy version as a Hugging Face checkpoint directory or a GGUF file"),
     "tiny-checkpoint": (
         "agentic_rl.tiny_checkpoint",
         "a tiny random Hugging Face checkpoint of one family (qwen2, qwen3, llama3, gemma3) to train",

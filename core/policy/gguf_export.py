@@ -1,0 +1,485 @@
+"""NNX params + ModelConfig + tokenizer -> one llama.cpp GGUF file (llama.cpp, Ollama, LM Studio).
+
+`export_gguf(out, cfg, params, tokenizer, gguf_type)` is the inverse of core/policy/gguf_reader.py,
+and uses its tables, so what is written is what the import reads back:
+  - architecture: the HF family of cfg (hf_config.hf_family) as llama.cpp names it: llama
+    (the built-in policy, SmolLM2, Llama 3.x), qwen2, qwen3. gemma3 is refused (its
+    SentencePiece tokenizer's scores and norm layout are not written here).
+  - metadata: llama.cpp's keys for the sizes, eps, RoPE base and scaling (linear as
+    rope.scaling.*; Llama 3's as the rope_freqs.weight tensor of divisors, as llama.cpp's
+    converter writes it), general.file_type.
+  - tensors: llama.cpp's names (gguf_reader's table inverted), [out, in] as HF. llama's Q
+    and K rows are permuted per head to ggml's interleaved RoPE layout (gguf_reader's
+    permute_rows, what llama.cpp's converter does); qwen2/qwen3 are stored as in HF.
+    1-D tensors (norms, biases, rope_freqs) stay F32, as llama.cpp keeps them; the 2-D
+    weights are F32, F16 or Q8_0 (gguf.quants' bit-exact port of ggml's quantiser). A row
+    that is not whole Q8_0 blocks (32) falls back to F16, as llama.cpp's converter does.
+    Q4_K and the other K-quants are refused: gguf.quants (0.19) dequantises them only.
+  - tokenizer: a byte-level BPE tokenizer.json as tokenizer.ggml.* (model "gpt2", tokens in
+    id order, merges, token types: special added tokens CONTROL, other added tokens
+    USER_DEFINED, ids the tokenizer lacks "[PAD<id>]" UNUSED, as llama.cpp pads), the
+    tokenizer.ggml.pre name of its pre-tokenizer (gguf_tokenizer.PRE_TOKENIZERS), bos/eos/
+    pad/unk ids, add_bos/add_eos (what its post-processor adds), the extra eos ids of
+    generation as eot/eom, the chat template(s). The built-in byte tokenizer is written as
+    a byte-level BPE over its 256 bytes (ids 0-255) whose one merge (0xC0 0xC0, never in
+    UTF-8) fills a spare id: llama.cpp needs merges, and this one never fires.
+Before a byte of weights is written, the tokenizer metadata is rebuilt as the import
+rebuilds it (gguf_tokenizer.build_tokenizer) and must encode a probe corpus as the policy's
+tokenizer does; after, the file is read back (gguf_reader.read_gguf) and its config must
+be the policy's. The file is written to a hidden sibling and renamed into place: a kill
+midway leaves no `out`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+from pathlib import Path
+
+import gguf
+import numpy as np
+from flax import nnx
+
+from core.policy import gguf_reader
+from core.policy.config import ModelConfig
+from core.policy.gguf_tokenizer import CONTROL, PRE_TOKENIZERS, USER_DEFINED, build_tokenizer, bytes_to_unicode
+from core.policy.hf_config import hf_family
+from core.policy.hf_export import flat_params
+from core.policy.hf_keys import slots
+from core.policy.model import abstract_model
+from core.policy.tokenizer import ByteTokenizer, Tokenizer
+
+Q = gguf.GGMLQuantizationType
+# --gguf_type -> (ggml type of the 2-D weights, general.file_type)
+TYPES = {
+    "f32": (Q.F32, gguf.LlamaFileType.ALL_F32),
+    "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+# Types llama.cpp has that are refused, and why.
+_NOT_WRITTEN = {
+    "q4_k": "the gguf package's gguf.quants can dequantise K-quants but not write them",
+    "q4_k_m": "the gguf package's gguf.quants can dequantise K-quants but not write them",
+    "q5_k": "the gguf package's gguf.quants can dequantise K-quants but not write them",
+    "q6_k": "the gguf package's gguf.quants can dequantise K-quants but not write them",
+}
+ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # HF model_type -> general.architecture
+UNUSED = int(gguf.TokenType.UNUSED)
+NORMAL = int(gguf.TokenType.NORMAL)
+F16_MAX = float(np.finfo(np.float16).max)
+# What the tokenizer check encodes: words, digits in runs, code, whitespace runs, contractions,
+# non-Latin scripts, emoji (all NFC: llama.cpp does not normalise).
+PROBES = (
+    "Hello, world! What is 37 * 41? The answer is 1517.",
+    "  12345 hello\n\nworld\t\ttabs   and  spaces  ",
+    "def f(x):\n    return x**2  # square\n\n\nprint(f(12))",
+    '{"name": "calc", "arguments": {"expression": "12*7"}}',
+    "don't I'LL we've THEY'RE it's",
+    "Größe naïve café 数学很有趣。 Привет, мир! ½ ² ٣",
+    "emoji 🤖🎉 ok; price: $1,234.56 (≈ €1.1k)",
+    "a1b2c3 1 22 333 4444 55555 666666",
+    " leading",
+    "trailing  ",
+    "\n\n\n",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFExport:
+    path: Path
+    arch: str
+    gguf_type: str
+    tensor_types: dict[str, str]  # GGUF tensor name -> ggml type name, as written
+    f16_fallback: tuple[str, ...]  # tensors asked as Q8_0 whose rows are not whole blocks
+    dropped_eos_ids: tuple[int, ...]  # eos ids beyond GGUF's eos/eot/eom slots
+
+
+def check_type(gguf_type: str) -> tuple:
+    """(ggml type, file type) of `gguf_type`; ValueError naming what is supported."""
+    key = gguf_type.lower()
+    if key in TYPES:
+        return TYPES[key]
+    supported = ", ".join(TYPES)
+    why = _NOT_WRITTEN.get(key)
+    if why is not None:
+        raise ValueError(
+            f"gguf_type {gguf_type!r} is not supported: {why}; supported: {supported} "
+            "(llama.cpp's llama-quantize turns an f16 export into Q4_K_M)"
+        )
+    raise ValueError(f"gguf_type {gguf_type!r} is not supported; supported: {supported}")
+
+
+def check_arch(cfg: ModelConfig) -> str:
+    """general.architecture of cfg's family; ValueError for a family or feature no GGUF
+    file of the supported architectures states."""
+    family = hf_family(cfg)  # refuses configs no HF family represents
+    if family not in ARCHS:
+        raise ValueError(
+            f"architecture {family}: GGUF export is not supported; supported: {', '.join(ARCHS)} "
+            "(export --format hf, then llama.cpp's convert_hf_to_gguf.py)"
+        )
+    if cfg.layer_types:
+        raise ValueError(f"{family} with sliding-window layers: llama.cpp's {ARCHS[family]} has no sliding window")
+    rope = cfg.rope
+    if rope.kind == "llama3":
+        if family != "llama":
+            raise ValueError(f"{family}: llama3 RoPE scaling is written as rope_freqs.weight, which only llama reads")
+        meta = (rope.low_freq_factor, rope.high_freq_factor, rope.original_max_position)
+        if meta != (1.0, 4.0, 8192):
+            raise ValueError(
+                f"llama3 RoPE scaling with low/high frequency factors {meta[0]}/{meta[1]} and "
+                f"{meta[2]} original positions: a GGUF file stores only the divisors, which read back as "
+                "Meta's constants (1, 4, 8192) only"
+            )
+    return ARCHS[family]
+
+
+def export_gguf(
+    out: str | Path,
+    cfg: ModelConfig,
+    params,
+    tokenizer: Tokenizer,
+    gguf_type: str = "f16",
+    name: str = "agentic-rl policy",
+    overwrite: bool = False,
+) -> GGUFExport:
+    """Writes the GGUF file `out` (an existing one only with `overwrite`) and returns what
+    was written. Refusals (ValueError) come before a byte is written, but for a weight
+    beyond float16's range and the read-back check, which remove the partial file."""
+    out = Path(out)
+    qtype, file_type = check_type(gguf_type)
+    arch = check_arch(cfg)
+    if out.exists() and (out.is_dir() or not overwrite):
+        what = "is a directory" if out.is_dir() else "exists; remove it (--overwrite replaces it)"
+        raise ValueError(f"{out}: {what}")
+    flat = _checked_params(cfg, params)
+    tok_meta, dropped = tokenizer_metadata(tokenizer, cfg.vocab_size)
+    tok_meta["general.architecture"] = arch
+    check_tokenizer(tok_meta, tokenizer)
+    plan = _plan(cfg, arch, flat, qtype)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.exporting-*"):  # left by a writer that was killed
+        stale.unlink(missing_ok=True)
+    tmp = out.parent / f".{out.name}.exporting-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        _write(tmp, cfg, arch, file_type, name, tok_meta, plan)
+        back = gguf_reader.read_gguf(tmp)  # the import's own reading of the file
+        if back.cfg != cfg:
+            raise ValueError(f"the written file reads back as config {back.cfg}, not the policy's {cfg}")
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    types = {t.name: t.qtype.name for t in plan}
+    fallback = tuple(t.name for t in plan if qtype == Q.Q8_0 and t.ndim == 2 and t.qtype != Q.Q8_0)
+    return GGUFExport(out, arch, gguf_type.lower(), types, fallback, dropped)
+
+
+# -- weights -------------------------------------------------------------------------------
+
+
+def _checked_params(cfg: ModelConfig, params) -> dict[tuple, np.ndarray]:
+    """path -> array (float32 or bfloat16), every path and shape the model of cfg has, as
+    hf_export checks them."""
+    flat = flat_params(params)
+    _, state = nnx.split(abstract_model(cfg))
+    want = {path: tuple(var.get_value().shape) for path, var in nnx.to_flat_state(state)}
+    for path in sorted(set(want) ^ set(flat), key=str):
+        which = "missing from" if path in want else "not part of"
+        raise ValueError(f"parameter {_dotted(path)} is {which} the model of this config")
+    for path, shape in want.items():
+        if flat[path].shape != shape:
+            raise ValueError(f"parameter {_dotted(path)} has shape {flat[path].shape}, config implies {shape}")
+        if not np.issubdtype(flat[path].dtype, np.floating) and flat[path].dtype.name != "bfloat16":
+            raise ValueError(f"parameter {_dotted(path)} has dtype {flat[path].dtype}, not a float")
+    return {path: flat[path] for path in want}
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(map(str, path))
+
+
+@dataclasses.dataclass
+class _Tensor:
+    name: str  # GGUF name
+    shape: tuple[int, ...]  # HF layout ([out, in])
+    qtype: object  # ggml type written
+    make: object  # () -> float32 array, HF layout, llama.cpp's row order
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def nbytes(self) -> int:
+        block, size = gguf.GGML_QUANT_SIZES[self.qtype]
+        return int(np.prod(self.shape)) // block * size
+
+    def data(self) -> np.ndarray:
+        x = self.make()
+        if self.qtype == Q.F32:
+            return np.ascontiguousarray(x, np.float32)
+        if self.qtype == Q.F16:
+            peak = float(np.max(np.abs(x))) if x.size else 0.0
+            if not np.isfinite(peak) or peak > F16_MAX:
+                raise ValueError(f"tensor {self.name}: values up to {peak} do not fit float16; export f32")
+            return np.ascontiguousarray(x.astype(np.float16))
+        return gguf.quants.quantize(np.ascontiguousarray(x, np.float32), self.qtype)
+
+
+def _plan(cfg: ModelConfig, arch: str, flat: dict, qtype) -> list[_Tensor]:
+    """Every tensor of the file in llama.cpp's order, with its type; made one at a time."""
+    hf_to_gguf = {h: g for g, h in gguf_reader._names(gguf_reader._BLOCK, cfg.n_layers).items()}
+    by_hf = {}
+    for s in slots(cfg, flat):
+        by_hf[s.hf_key] = (s, s.hf_shape(flat[s.path].shape))
+    order = list(gguf_reader._expected(cfg))  # HF order: embeddings, layers, norm, head
+    if set(order) != set(by_hf):
+        raise AssertionError(f"hf_keys and gguf_reader disagree: {sorted(set(order) ^ set(by_hf))}")
+
+    def maker(slot, heads):
+        def make():
+            x = np.split(np.asarray(flat[slot.path], np.float32), slot.parts, axis=-1)[slot.part]
+            x = x.T if slot.transpose else x
+            return gguf_reader.permute_rows(x, heads) if heads else x
+
+        return make
+
+    plan = []
+    if cfg.rope.kind == "llama3":
+        r = cfg.rope
+        divisors = gguf_reader.llama3_factors(
+            r.base, cfg.head_dim, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position
+        )
+        plan.append(_Tensor(gguf_reader._ROPE_FREQS, divisors.shape, Q.F32, lambda: divisors.astype(np.float32)))
+    for hf in order:
+        slot, shape = by_hf[hf]
+        heads = None
+        if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.n_heads if hf.endswith("q_proj.weight") else cfg.n_kv_heads
+        kind = Q.F32 if len(shape) == 1 else qtype
+        if kind == Q.Q8_0 and shape[-1] % gguf.GGML_QUANT_SIZES[Q.Q8_0][0]:
+            kind = Q.F16  # llama.cpp's converter: a row that is not whole blocks stays F16
+        plan.append(_Tensor(hf_to_gguf[hf], shape, kind, maker(slot, heads)))
+    first = [t for t in plan if t.name == "token_embd.weight"]
+    return first + [t for t in plan if t.name != "token_embd.weight"]
+
+
+def _write(path: Path, cfg: ModelConfig, arch: str, file_type, name: str, tok_meta: dict, plan) -> None:
+    """Header, metadata and tensor directory first, then one tensor at a time."""
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_file_type(int(file_type))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_context_length(cfg.max_seq_len)
+    w.add_embedding_length(cfg.d_model)
+    w.add_block_count(cfg.n_layers)
+    w.add_feed_forward_length(cfg.mlp_dim)
+    w.add_head_count(cfg.n_heads)
+    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_rope_freq_base(cfg.rope.base)
+    if arch == "llama":
+        w.add_rope_dimension_count(cfg.head_dim)
+    if arch == "qwen3" or cfg.head_dim * cfg.n_heads != cfg.d_model:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    if cfg.rope.kind == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg.rope.factor)
+    _add_tokenizer(w, tok_meta)
+    for t in plan:
+        dtype = {Q.F32: np.float32, Q.F16: np.float16}.get(t.qtype, np.float32)
+        raw = None if t.qtype in (Q.F32, Q.F16) else t.qtype
+        w.add_tensor_info(t.name, t.shape, np.dtype(dtype), t.nbytes(), raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in plan:
+        w.write_tensor_data(t.data())
+    w.close()
+
+
+# -- tokenizer -----------------------------------------------------------------------------
+
+
+def tokenizer_metadata(tok: Tokenizer, vocab_size: int) -> tuple[dict, tuple[int, ...]]:
+    """(tokenizer.ggml.* as a dict, eos ids no GGUF slot holds) for `tok` under an
+    embedding of `vocab_size` rows."""
+    if isinstance(tok, ByteTokenizer):
+        meta = _byte_tokenizer(tok, vocab_size)
+        return meta, ()
+    # hf_tokenizer.HFTokenizer's tokenizers.Tokenizer, with tokenizer_config.json's flags applied
+    inner = getattr(tok, "_tok", None)
+    if inner is None:
+        raise ValueError(f"{tok.name}: only a checkpoint's tokenizer.json or the byte tokenizer can be exported")
+    where = f"{tok.name}: tokenizer.json"
+    spec = json.loads(inner.to_str())
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ValueError(f"{where}: model {model.get('type')!r}: only BPE tokenizers have a GGUF form here")
+    if model.get("byte_fallback") or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise ValueError(f"{where}: SentencePiece-style BPE (byte_fallback, affixes) is not supported, byte-level only")
+    pre = _pre_name(spec, where)
+    vocab = inner.get_vocab(with_added_tokens=True)
+    if max(vocab.values()) >= vocab_size:
+        raise ValueError(f"{where}: id {max(vocab.values())} is outside the embedding's {vocab_size} rows")
+    added = inner.get_added_tokens_decoder()
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [UNUSED] * vocab_size
+    for text, i in vocab.items():
+        tokens[i] = text
+        types[i] = NORMAL
+    for i, t in added.items():
+        tokens[i], types[i] = t.content, CONTROL if t.special else USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    if not merges:
+        raise ValueError(f"{where}: no merges (llama.cpp needs at least one)")
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+    }
+    dropped = _special_ids(meta, tok, inner)
+    _templates(meta, tok)
+    return meta, dropped
+
+
+def _pre_name(spec: dict, where: str) -> str:
+    """The tokenizer.ggml.pre name whose split (gguf_tokenizer.PRE_TOKENIZERS) is the
+    tokenizer.json's pre-tokenizer, or ValueError naming it."""
+    normalizer = spec.get("normalizer")
+    if normalizer is not None and normalizer.get("type") != "NFC":  # NFC: Qwen's; llama.cpp skips it
+        raise ValueError(f"{where}: normalizer {normalizer.get('type')!r} has no llama.cpp form")
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+    kinds = [s.get("type") for s in steps]
+
+    def byte_level(s, regex):
+        use_regex = bool(s.get("use_regex", True))
+        return s.get("type") == "ByteLevel" and not s.get("add_prefix_space") and use_regex == regex
+
+    if len(steps) == 1 and byte_level(steps[0], True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and byte_level(steps[1], True):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and byte_level(steps[1], False):
+        split = steps[0]
+        pattern = (split.get("pattern") or {}).get("Regex")
+        if split.get("behavior") == "Isolated" and not split.get("invert"):
+            names = {v: k for k, v in PRE_TOKENIZERS.items() if k in ("llama-bpe", "qwen2")}
+            if pattern in names:
+                return names[pattern]
+    raise ValueError(
+        f"{where}: pre_tokenizer {json.dumps(pre)[:200]} is none llama.cpp names here "
+        "(GPT-2's, SmolLM's digits + GPT-2, Llama 3's or Qwen2's regex)"
+    )
+
+
+def _special_ids(meta: dict, tok: Tokenizer, inner) -> tuple[int, ...]:
+    """bos/eos/pad/unk ids, add_bos/add_eos, and the other eos ids of generation as eot and
+    eom (the import's eos ids are eos, eot, eom); returns the ids no slot holds."""
+    if tok.bos_id is not None:
+        meta["tokenizer.ggml.bos_token_id"] = int(tok.bos_id)
+    eos = list(tok.eos_ids)
+    if eos:
+        meta["tokenizer.ggml.eos_token_id"] = int(eos[0])
+    slots_free = {"eot": None, "eom": None}
+    dropped = []
+    for i in eos[1:]:
+        text = tok.id_to_token(i) if hasattr(tok, "id_to_token") else None
+        order = ("eom", "eot") if text and "eom" in text else ("eot", "eom")
+        slot = next((s for s in order if slots_free[s] is None), None)
+        if slot is None:
+            dropped.append(int(i))
+        else:
+            slots_free[slot] = int(i)
+    for slot, i in slots_free.items():
+        if i is not None:
+            meta[f"tokenizer.ggml.{slot}_token_id"] = i
+    if tok.pad_id is not None:
+        meta["tokenizer.ggml.padding_token_id"] = int(tok.pad_id)
+    unk = tok.template_tokens.get("unk_token")
+    if unk is not None:
+        meta["tokenizer.ggml.unknown_token_id"] = int(tok.token_to_id(unk))
+    plain = inner.encode("a", add_special_tokens=False).ids
+    full = inner.encode("a", add_special_tokens=True).ids
+    cut = next((n for n in range(len(full) - len(plain) + 1) if full[n : n + len(plain)] == plain), None)
+    prefix, suffix = (full[:cut], full[cut + len(plain) :]) if cut is not None else (full, [])
+    if cut is None or prefix not in ([], [tok.bos_id]) or suffix not in ([], eos[:1]):
+        raise ValueError(
+            f"{tok.name}: its post-processor adds {full} around {plain}: GGUF states only a bos before and an eos after"
+        )
+    meta["tokenizer.ggml.add_bos_token"] = bool(prefix)
+    meta["tokenizer.ggml.add_eos_token"] = bool(suffix)
+    return tuple(dropped)
+
+
+def _templates(meta: dict, tok: Tokenizer) -> None:
+    for name, template in tok.chat_templates.items():
+        meta["tokenizer.chat_template" if name == "default" else f"tokenizer.chat_template.{name}"] = template
+
+
+def _byte_tokenizer(tok: ByteTokenizer, vocab_size: int) -> dict:
+    """Byte-level BPE over the 256 bytes at their own ids, the specials as CONTROL, and one
+    merge that never fires (0xC0 never occurs in UTF-8) on a spare id: llama.cpp needs merges."""
+    spell = bytes_to_unicode()
+    tokens = [spell[b] for b in range(256)] + [f"[PAD{i}]" for i in range(256, vocab_size)]
+    types = [NORMAL] * 256 + [UNUSED] * (vocab_size - 256)
+    for text, i in tok.special_tokens.items():
+        tokens[i], types[i] = text, CONTROL
+    taken = set(tok.special_tokens.values())
+    spare = next((i for i in range(vocab_size - 1, 255, -1) if i not in taken), None)
+    if spare is None:
+        raise ValueError(f"the byte tokenizer in an embedding of {vocab_size} rows leaves no spare id for its merge")
+    never = spell[0xC0] * 2
+    tokens[spare] = never  # UNUSED: decodes to nothing, as the byte tokenizer decodes the id
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": [f"{spell[0xC0]} {spell[0xC0]}"],
+        "tokenizer.ggml.bos_token_id": tok.bos_id,
+        "tokenizer.ggml.eos_token_id": tok.eos_ids[0],
+        "tokenizer.ggml.padding_token_id": tok.pad_id,
+        "tokenizer.ggml.add_bos_token": True,  # what encode(add_special_tokens=True) adds
+        "tokenizer.ggml.add_eos_token": False,
+    }
+
+
+def check_tokenizer(meta: dict, tok: Tokenizer) -> None:
+    """The metadata, rebuilt as the import rebuilds it, must encode PROBES (and, for a
+    checkpoint's tokenizer, its special tokens amid text) as `tok` does."""
+    back = build_tokenizer(meta, "the exported tokenizer metadata").tokenizer
+    texts = list(PROBES)
+    if not isinstance(tok, ByteTokenizer):  # the byte tokenizer reads no special token out of text
+        texts += [f"{s}hi {s}\nthere{s}" for s in tok.special_tokens]
+    for text, special in [(t, False) for t in texts] + [(PROBES[0], True)]:
+        got, want = back.encode(text, add_special_tokens=special).ids, tok.encode(text, add_special_tokens=special)
+        if got != want:
+            raise ValueError(
+                f"{tok.name}: as GGUF metadata (tokenizer.ggml.pre {meta['tokenizer.ggml.pre']!r}) it encodes "
+                f"{text!r} as {got}, the policy's tokenizer as {want}"
+            )
+
+
+def _add_tokenizer(w: gguf.GGUFWriter, meta: dict) -> None:
+    for key, value in meta.items():
+        if key == "general.architecture":
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
