@@ -130,14 +130,15 @@ def _lead(cfg, learner, publisher, plane, tel, stats, lockstep: Lockstep, stop: 
         with tel.span("train step", step=learner.steps + 1):
             metrics = learner.train_step(batch)
         step_s = time.monotonic() - t0
-        plane.settle(batch, metrics, step_s, flops, publisher.version)
+        trained_at = publisher.version  # the version this step trained on: its records' lag is from it
+        plane.settle(batch, metrics, step_s, flops, trained_at)
         if lockstep.agree(plane.publish_due(learner.steps)):
             with tel.span("publish", version=publisher.version + 1):
                 publisher.publish()
             with tel.span("checkpoint"):  # its records are acked once it is durable
                 publisher.checkpoint(plane.feeder_position, plane.checkpoint_ids(publisher.version, learner.steps))
             plane.published(publisher.version)
-        row = tel.on_step(learner.steps, publisher.version, stats, batch, metrics, step_s, plane)
+        row = tel.on_step(learner.steps, publisher.version, stats, batch, metrics, step_s, plane, trained_at)
         log.info(
             "step %d version %d loss %.4f reward %.3f duty %.2f (recent %.2f) staleness %.1f",
             *(learner.steps, publisher.version, metrics["losses/policy_loss"], stats.mean_reward()),

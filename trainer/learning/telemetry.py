@@ -73,16 +73,22 @@ class LearnerTelemetry:
             busy, tokens = busy + s * inside, tokens + t * inside
         return busy / span, tokens / span
 
-    def on_step(self, step: int, version: int, stats, batch, metrics: dict, step_s: float, parts) -> dict:
+    def on_step(
+        self, step: int, version: int, stats, batch, metrics: dict, step_s: float, parts, trained_at=None
+    ) -> dict:
         """One row after train step `step`; `parts` is the data plane (trainer/learning/
         data_plane.py): its staleness control, credits, consumer, batch buffer and feeder
-        (None off the primary process)."""
+        (None off the primary process). `version`: the newest published, after this step's
+        publish if it made one; `trained_at`: the version the step trained on (default
+        `version`), from which its records' staleness counts: a step that publishes would
+        otherwise count each of its records one version staler than it was."""
+        trained_at = version if trained_at is None else trained_at
         self._idle_since = time.perf_counter_ns()
         now = self.clock()
         self._steps.append((now, step_s, sum(r.num_tokens for r in batch)))
         duty_recent, tps_recent = self.recent(now)
         wall = max(now - self.started, 1e-9)
-        stale = [parts.staleness.staleness(r, version) for r in batch if r.trajectories]
+        stale = [parts.staleness.staleness(r, trained_at) for r in batch if r.trajectories]
         trajs = [t for r in batch for t in r.trajectories]
         row = {
             **metrics,
