@@ -17,7 +17,9 @@ class EnvChoice:
         {}, "the environment's settings besides tool latency, JSON (turn limit, ranges)", flag="env_config"
     )
     tool_latency: str | None = knob(
-        None, "per tool call: none, fixed:S, uniform:A:B, lognormal:M:S (unset: --env_config's, else none)"
+        None,
+        "per tool call: none, fixed:S, uniform:A:B, lognormal:M:S, or file:PATH (the spec in that file, "
+        "read again each second) (unset: --env_config's, else none)",
     )
 
     def __post_init__(self):
