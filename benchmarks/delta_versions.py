@@ -8,12 +8,18 @@ encodes every later one as a delta against it (core/contracts/store_delta.py), a
 bf16 (what `--publish_bf16` stores). Per version: the full version's bytes on disk, the
 delta's bytes and share, the changed elements, and the seconds to encode and to apply
 (rebuild + sha256 check). Nothing is written to the store.
+
+--reload DIR: what a rollout worker's reload costs. Two scratch stores under DIR get the
+same versions, one all full, one the oldest full and the rest deltas against it; per
+version and dtype, the seconds and bytes of `PolicyStore.load` of the full version
+(checksums, then Orbax) against `load_delta` on the base the reader holds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import jax
 import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
@@ -36,6 +43,7 @@ from core.contracts.store import PolicyStore
 class DeltaBenchConfig:
     store: str = knob(help="a policy store a run wrote (a local directory)")
     json: str | None = knob(None, "also write the rows here")
+    reload: str | None = knob(None, "measure reloads in scratch stores under this directory (removed after)")
 
 
 def disk_bytes(path: Path) -> int:
@@ -45,18 +53,38 @@ def disk_bytes(path: Path) -> int:
 def read_version(store: PolicyStore, version: int) -> dict:
     with ocp.PyTreeCheckpointer() as ckptr:
         tree = ckptr.restore(os.fspath(store.version_path(version)))
-    return {k: np.asarray(v) for k, v in _flat(tree).items()}
-
-
-def _flat(tree, prefix="") -> dict:
-    out = {}
-    for k, v in tree.items():
-        out.update(_flat(v, f"{prefix}/{k}") if isinstance(v, dict) else {f"{prefix}/{k}": v})
-    return out
+    return jax.tree.map(np.asarray, tree)
 
 
 def as_bf16(tree: dict) -> dict:
-    return {k: v.astype(ml_dtypes.bfloat16) if v.dtype.kind == "f" else v for k, v in tree.items()}
+    return jax.tree.map(lambda v: v.astype(ml_dtypes.bfloat16) if v.dtype.kind == "f" else v, tree)
+
+
+def reloads(versions: dict[int, dict], scratch: Path, dtype: str) -> list[dict]:
+    """Per later version: full load against delta applied to the held base (seconds, bytes)."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    full, deltas = PolicyStore(scratch / "full"), PolicyStore(scratch / "delta")
+    (base_v, base), *later = sorted(versions.items())
+    for store in (full, deltas):
+        store.publish(base_v, base)
+    for v, params in later:
+        full.publish(v, params)
+        deltas.publish(v, params, delta_of=base_v, base_params=base)
+    out = []
+    for v, params in later:
+        t0 = time.perf_counter()
+        full.load(v, params)
+        full_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        deltas.load_delta(v, base, base_v)
+        delta_s = time.perf_counter() - t0
+        full_bytes, delta_bytes = (disk_bytes(Path(s.version_path(v))) for s in (full, deltas))
+        out.append({
+            "version": v, "dtype": dtype, "full_s": full_s, "delta_s": delta_s,
+            "full_bytes": full_bytes, "delta_bytes": delta_bytes,
+        })  # fmt: skip
+    shutil.rmtree(scratch, ignore_errors=True)
+    return out
 
 
 def measure(new: dict, base: dict) -> dict:
@@ -66,9 +94,13 @@ def measure(new: dict, base: dict) -> dict:
     t0 = time.perf_counter()
     rebuilt = store_delta.decode(delta.header(), b"".join(delta.parts), base)
     apply_s = time.perf_counter() - t0
-    assert all(np.array_equal(rebuilt[k].view(np.uint8), new[k].view(np.uint8)) for k in new)
-    changed = sum(int(np.count_nonzero(new[k].view(np.uint8) != base[k].view(np.uint8))) for k in new)
-    total = sum(v.nbytes for v in new.values())
+    pairs = list(zip(jax.tree.leaves(new), jax.tree.leaves(base)))
+    assert all(
+        np.array_equal(r.view(np.uint8), n.view(np.uint8))
+        for r, n in zip(jax.tree.leaves(rebuilt), jax.tree.leaves(new))
+    )
+    changed = sum(int(np.count_nonzero(n.view(np.uint8) != b.view(np.uint8))) for n, b in pairs)
+    total = sum(n.nbytes for n, _ in pairs)
     share = changed / total
     return {"delta_bytes": delta.nbytes, "changed_byte_share": share, "encode_s": encode_s, "apply_s": apply_s}
 
@@ -81,13 +113,16 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.store} holds {len(versions)} complete version(s): need two or more")
     base_v, *later = versions
     base = read_version(store, base_v)
-    stored = next(iter(base.values())).dtype.name
+    stored = jax.tree.leaves(base)[0].dtype.name
     full = {v: disk_bytes(Path(store.version_path(v))) for v in versions}
     base16 = as_bf16(base)
-    bf16_full = sum(x.nbytes for x in base16.values())  # raw bytes; Orbax's zstd takes little off random-ish bits
+    bf16_full = sum(
+        x.nbytes for x in jax.tree.leaves(base16)
+    )  # raw bytes; Orbax's zstd takes little off random-ish bits
     rows, out = [], []
+    kept = {base_v: base}
     for v in later:
-        new = read_version(store, v)
+        new = kept[v] = read_version(store, v)
         m, m16 = measure(new, base), measure(as_bf16(new), base16)
         out.append({"version": v, "base": base_v, "full_bytes": full[v], stored: m, "bfloat16": m16})
         rows.append([
@@ -101,8 +136,19 @@ def main(argv=None) -> int:
          "delta MB (bf16)", "share of raw bf16", "bf16 bytes changed"],
         rows,
     )  # fmt: skip
+    reload_rows = []
+    if args.reload:
+        for name, tree in ((stored, kept), ("bfloat16", {v: as_bf16(p) for v, p in kept.items()})):
+            reload_rows += reloads(tree, Path(args.reload) / name, name)
+        print_table(
+            "a reader's reload: PolicyStore.load of the full version against load_delta on the held base",
+            ["version", "dtype", "full s", "full MB read", "delta s", "delta MB read", "time ratio"],
+            [[f"v{r['version']}", r["dtype"], r["full_s"], r["full_bytes"] / 1e6, r["delta_s"], r["delta_bytes"] / 1e6,
+              r["delta_s"] / r["full_s"]] for r in reload_rows],
+        )  # fmt: skip
     if args.json:
         result = {"command": "python benchmarks/delta_versions.py " + " ".join(argv or sys.argv[1:]), "rows": out}
+        result["reloads"] = reload_rows
         Path(args.json).write_text(json.dumps({**result, "machine": machine_info()}, indent=2))
     return 0
 
