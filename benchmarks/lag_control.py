@@ -3,6 +3,7 @@ latency switched mid-run, and how many versions the realised lag takes to come b
 
     .venv/bin/python benchmarks/lag_control.py --latencies fixed:0.5,fixed:2,fixed:0.5 --every 6
     .venv/bin/python benchmarks/lag_control.py --latencies fixed:2            # no change: steady state
+    .venv/bin/python benchmarks/lag_control.py --analyse WORKDIR               # a finished demo's lag
 
 The demo (`localstack.launch.demo`, the byte model on the calculator unless --demo_flags say
 otherwise) runs with `--tool_latency file:PATH` (environments/latency.py): this script
@@ -49,6 +50,7 @@ class LagBenchConfig:
     demo_flags: str = knob("", "more demo flags (e.g. '--max_steps=60 --plan=auto')")
     workdir: str = knob("/tmp/lag_control", "the run's workdir")
     out: str = knob("docs/results", "where lag_control.json and .png go")
+    analyse: str | None = knob(None, "only read a finished demo's workdir: its lag per version against its target")
 
 
 class LatencySwitch(threading.Thread):
@@ -77,12 +79,22 @@ class LatencySwitch(threading.Thread):
 
 
 def per_version_lag(steps: list[dict]) -> dict[int, float]:
-    """The mean staleness of the records trained at each version (steps weighted alike)."""
+    """The mean staleness of the records trained on each version (steps weighted alike). A
+    row's policy/version is the newest after its step's publish: the version a step trained
+    on is the one before it."""
     out: dict[int, list[float]] = {}
+    trained_on = 0
     for r in steps:
         if "staleness/mean" in r and "policy/version" in r:
-            out.setdefault(int(r["policy/version"]), []).append(r["staleness/mean"])
+            out.setdefault(trained_on, []).append(r["staleness/mean"])
+            trained_on = int(r["policy/version"])
     return {v: sum(xs) / len(xs) for v, xs in sorted(out.items())}
+
+
+def mean_after(lags: dict[int, float], skip: int = 5) -> float | None:
+    """The realised mean lag over the versions after the first `skip` (the must-show's)."""
+    xs = [x for v, x in lags.items() if v > skip]
+    return round(sum(xs) / len(xs), 3) if xs else None
 
 
 def settled_after(lags: dict[int, float], start: int, end: int | None, target: float) -> int | None:
@@ -147,8 +159,26 @@ def plot(result: dict, steps: list[dict], held: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def analyse(workdir: Path) -> int:
+    """A finished demo (`make demo`, the loop on by its plan): the lag per version, the mean
+    after v5 against the target and the loop's changes."""
+    lag = json.loads((workdir / "summary.json").read_text()).get("lag_control") or {}  # the learner's summary
+    target = lag.get("target")
+    steps = [r for r in read_rows(workdir / "logs" / "learner" / "metrics.jsonl") if "perf/wall_s" in r]
+    lags = per_version_lag(steps)
+    mean = mean_after(lags)
+    print(f"{workdir}: lag per version " + ", ".join(f"v{v} {x:.2f}" for v, x in lags.items()))
+    off = f" ({(mean - target) / target:+.1%} of target {target:g})" if target and mean is not None else ""
+    print(f"mean lag after v5: {mean}{off}; window {lag.get('window')} in [{lag.get('floor')}, {lag.get('ceiling')}]")
+    for c in lag.get("changes", []):
+        print(f"  v{c['version']}: {c['reason']}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = config.parse(LagBenchConfig, argv)
+    if args.analyse:
+        return analyse(Path(args.analyse))
     stop_children_on_exit()
     latencies = args.latencies.split(",")
     work = Path(args.workdir)
@@ -176,6 +206,7 @@ def main(argv=None) -> int:
         "switches": switch.switches,
         "lag_by_version": {str(v): round(x, 3) for v, x in lags.items()},
         "phases": phases(switch.switches, latencies, lags, args.lag_target),
+        "mean_lag_after_v5": mean_after(lags),
         "lag_control": summary.learner.lag_control,
         "held_out": curve(read_rows(work / "demo" / "eval.jsonl"), "sampled") if summary.held_out else [],
         "demo_wall_s": summary.demo_wall_s,
