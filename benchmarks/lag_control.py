@@ -183,6 +183,7 @@ def main(argv=None) -> int:
     latencies = args.latencies.split(",")
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    (work / "latency").write_text(latencies[0])  # the demo's config checks the file exists
     demo = parse_args([
         f"--workdir={work / 'demo'}", f"--tool_latency=file:{work / 'latency'}", "--live=off",
         f"--learner.lag_target={args.lag_target:g}", f"--learner.max_staleness={args.max_staleness}",
