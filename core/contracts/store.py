@@ -32,7 +32,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -40,93 +39,16 @@ from google.api_core.exceptions import BadRequest, Forbidden, GoogleAPIError, No
 from google.auth.exceptions import GoogleAuthError
 
 from core.contracts import manifest as mf
-from core.contracts import orbax_fixes
+from core.contracts import orbax_fixes, store_delta
+from core.contracts.store_errors import ChecksumError, StoreAccessError, StoreError
 from core.contracts.store_files import LocalFiles, files_for
+from core.contracts.store_trees import _cast_floats, _check_matches, _to_target_dtypes, as_stored, as_target
 
 orbax_fixes.apply()  # every save and load of a version went through a leak
 LATEST = "LATEST"
 METADATA = "metadata.json"
 # Finished dirs are "00000012"; Orbax's in-flight ones are "00000012.orbax-checkpoint-tmp-<ts>".
 _DIR_RE = re.compile(r"^(\d{8,})(\.orbax-checkpoint-tmp.*)?$")
-
-
-class StoreError(RuntimeError):
-    """The store is corrupt or unreachable, or a requested version is missing or incomplete."""
-
-
-class StoreAccessError(RuntimeError):
-    """The store's bucket is missing, or this identity may not read it: permanent, so not a
-    StoreError (which pollers ride out); the process stops, naming the root."""
-
-
-class ChecksumError(StoreError):
-    """A version's files differ from its manifest (a flipped byte, a truncated, missing or
-    extra file). A StoreError, so pollers keep their current version and count the failure."""
-
-
-def _is_float(x) -> bool:
-    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
-
-
-def _cast_floats(tree: Any, dtype) -> Any:
-    """Floating leaves to dtype (bf16 halves what workers download); others unchanged."""
-    return jax.tree.map(lambda x: x.astype(dtype) if _is_float(x) and x.dtype != dtype else x, tree)
-
-
-def as_stored(params: Any, dtype=None) -> Any:
-    """The params as a version stores them: host numpy arrays, floating leaves in `dtype`
-    (the cast publish applies). A delta is encoded against exactly these bytes."""
-    return jax.tree.map(np.asarray, _cast_floats(params, dtype) if dtype is not None else params)
-
-
-def as_target(params: Any, target: Any, what: str = "params") -> Any:
-    """Host params (stored dtypes) as load returns them for `target`: cast to its dtypes,
-    checked (StoreError), and on the device for jax targets (Orbax does that itself)."""
-    params = _to_target_dtypes(params, target)
-    _check_matches(params, target, what)
-    return jax.tree.map(_placed_like, params, target)
-
-
-def _placed_like(x: np.ndarray, want: Any):
-    """A host array where `want` has it: on its sharding (jax targets), else on the host."""
-    if isinstance(want, jax.Array):
-        return jax.device_put(x, want.sharding)
-    if isinstance(want, jax.ShapeDtypeStruct):
-        return jax.device_put(x, want.sharding) if want.sharding is not None else jnp.asarray(x)
-    return x
-
-
-def _to_target_dtypes(params: Any, target: Any) -> Any:
-    """Orbax honours the target dtype for jax targets, but restores numpy targets at the
-    stored dtype: cast float leaves (e.g. a bf16-published version) to what the target wants."""
-
-    def cast(got, want):
-        return got.astype(want.dtype) if _is_float(got) and _is_float(want) and got.dtype != want.dtype else got
-
-    try:
-        return jax.tree.map(cast, params, target)
-    except ValueError:
-        return params  # structure differs: _check_matches reports it
-
-
-def _check_matches(params: Any, target: Any, what: str) -> None:
-    """Orbax checks shapes for jax arrays but restores numpy leaves at their stored
-    shape, so verify the result against the target ourselves."""
-    if jax.tree.structure(params) != jax.tree.structure(target):
-        raise StoreError(f"cannot restore {what}: structure differs from the target")
-    for (key, got), want in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(target)):
-        if hasattr(want, "shape") and (got.shape, got.dtype) != (tuple(want.shape), want.dtype):
-            raise StoreError(
-                f"cannot restore {what}: {jax.tree_util.keystr(key)} is {got.dtype}{list(got.shape)},"
-                f" target wants {want.dtype}{list(want.shape)}"
-            )
-
-
-def _delta():
-    """core.contracts.store_delta, imported when first used: it imports this module's errors."""
-    from core.contracts import store_delta
-
-    return store_delta
 
 
 class PolicyStore:
@@ -228,7 +150,7 @@ class PolicyStore:
                     ckptr.wait_until_finished()
                 raise
             ckptr.wait_until_finished()
-        self._commit(version, metadata, dtype, leaves=_delta().leaf_specs(params))
+        self._commit(version, metadata, dtype, leaves=store_delta.leaf_specs(params))
         return path
 
     def _commit(self, version: int, metadata: dict | None, dtype, **extra) -> None:
@@ -254,7 +176,6 @@ class PolicyStore:
 
     def _write_delta(self, version, params, metadata, dtype, base: int, base_params, delta) -> epath.Path:
         """Step 1 of publishing a delta version: delta.bin, then its commit marker."""
-        store_delta = _delta()
         if type(base) is not int or not 0 <= base < version:
             raise ValueError(f"delta_of must be an earlier version than {version}, got {base!r}")
         base_meta = self.read_metadata(base)  # StoreError when it is missing
@@ -368,7 +289,6 @@ class PolicyStore:
     # ---- delta versions -----------------------------------------------------
     def _delta_data(self, version: int, meta: dict) -> bytes:
         """A delta version's data file, read once and checked against its manifest."""
-        store_delta = _delta()
         if "manifest" not in meta:  # deltas never predate manifests: allow_unverified does not apply
             raise ChecksumError(f"delta version {version} has no checksum manifest")
         path = os.fspath(self.version_path(version) / store_delta.DATA_FILE)
@@ -379,7 +299,6 @@ class PolicyStore:
         return data
 
     def _load_delta(self, version: int, meta: dict, target: Any) -> Any:
-        store_delta = _delta()
         data = self._delta_data(version, meta)  # the small read first: a corrupt delta costs no base read
         store_delta.check_header(meta.get("delta"), len(data))
         base_params = self.load_base(version, target, meta)
@@ -391,7 +310,6 @@ class PolicyStore:
         """The full version that delta `version` is rebuilt from, as stored (host numpy in
         its stored dtypes), with `target`'s structure: what a reader keeps to apply the next
         deltas to. ChecksumError when that base is missing or is itself a delta."""
-        store_delta = _delta()
         meta = self.read_metadata(version) if meta is None else meta
         base = meta.get("delta_of")
         entries = store_delta.check_header(meta.get("delta"), None)
@@ -409,7 +327,6 @@ class PolicyStore:
         as load does. StoreError when `version` is not a delta of `base_version`;
         ChecksumError when it is corrupt (DeltaMismatch: it does not rebuild to its
         checksums from these base_params)."""
-        store_delta = _delta()
         if not self.is_complete(version):
             raise StoreError(f"policy version {version} is missing or incomplete")
         meta = self.read_metadata(version)

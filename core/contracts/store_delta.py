@@ -34,7 +34,7 @@ import ml_dtypes
 import numpy as np
 import zstandard
 
-from core.contracts.store import ChecksumError, StoreError
+from core.contracts.store_errors import ChecksumError, StoreError
 from core.contracts.store_files import LocalFiles
 
 FORMAT_VERSION = 1
