@@ -194,7 +194,7 @@ class PolicyStore:
             self.policies_dir.mkdir(parents=True, exist_ok=True)
         self._files.delete(self._marker(version))  # as in _write_version: never vouch for old data
         self._files.delete_tree(os.fspath(path))  # a crashed earlier write's files must not join the manifest
-        store_delta.write_parts(self._files, os.fspath(path / store_delta.DATA_FILE), delta.parts)
+        self._files.write_parts(os.fspath(path / store_delta.DATA_FILE), delta.parts)
         self._commit(version, metadata, dtype, delta_of=base, delta=delta.header())
         return path
 
@@ -292,7 +292,7 @@ class PolicyStore:
         if "manifest" not in meta:  # deltas never predate manifests: allow_unverified does not apply
             raise ChecksumError(f"delta version {version} has no checksum manifest")
         path = os.fspath(self.version_path(version) / store_delta.DATA_FILE)
-        data = self._call(f"reading delta version {version}", store_delta.read_bytes, self._files, path)
+        data = self._call(f"reading delta version {version}", self._files.read_bytes, path)
         self.verify(version, meta, {store_delta.DATA_FILE: data} if data is not None else None)
         if data is None:  # verify passed: the manifest does not even list it
             raise ChecksumError(f"delta version {version} has no {store_delta.DATA_FILE}")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from typing import Any
 
 import jax
@@ -35,7 +34,6 @@ import numpy as np
 import zstandard
 
 from core.contracts.store_errors import ChecksumError, StoreError
-from core.contracts.store_files import LocalFiles
 
 FORMAT_VERSION = 1
 DATA_FILE = "delta.bin"
@@ -263,39 +261,6 @@ def stored_target(entries: list[dict], target: Any) -> Any:
             raise StoreError(f"the version's {path} is {got['dtype']}{got.get('shape')}, the target wants {want.shape}")
     leaves = [np.empty(tuple(by_path[p]["shape"]), DTYPES[by_path[p]["dtype"]]) for p, _ in items]
     return jax.tree.unflatten(jax.tree.structure(target), leaves)
-
-
-# ---- the data file on storage ----------------------------------------------------------------
-# Binary reads and writes, local or on GCS; they belong with the store's other file operations
-# (store_files.py), which so far only move text.
-def write_parts(files: Any, path: str, parts: list[bytes]) -> None:
-    """Writes the parts as one file. Not atomic, and need not be: the version's commit
-    marker is written after it, and no reader looks at a version without one."""
-    if isinstance(files, LocalFiles):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the marker vouches for it
-        return
-    bucket, key = files._split(path)
-    bucket.blob(key).upload_from_string(b"".join(parts), content_type="application/octet-stream")
-
-
-def read_bytes(files: Any, path: str) -> bytes | None:
-    """The whole file, or None when it is missing."""
-    if isinstance(files, LocalFiles):
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-    bucket, key = files._split(path)
-    try:
-        return bucket.blob(key).download_as_bytes(**files._read)
-    except files._not_found:
-        return None
 
 
 # ---- the writer's choice -----------------------------------------------------------------------

@@ -54,6 +54,24 @@ class LocalFiles:
                 os.unlink(tmp)
             raise
 
+    def read_bytes(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write_parts(self, path: str, parts: list[bytes]) -> None:
+        """The parts as one file, on disk before returning. Not atomic, and need not be: a
+        policy version's commit marker is written after it, and no reader looks at a
+        version without one."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
@@ -109,6 +127,17 @@ class GcsFiles:
     def write_text(self, path: str, text: str) -> None:
         bucket, key = self._split(path)
         bucket.blob(key).upload_from_string(text.encode(), content_type="application/json")
+
+    def read_bytes(self, path: str) -> bytes | None:
+        bucket, key = self._split(path)
+        try:
+            return bucket.blob(key).download_as_bytes(**self._read)
+        except self._not_found:
+            return None
+
+    def write_parts(self, path: str, parts: list[bytes]) -> None:
+        bucket, key = self._split(path)
+        bucket.blob(key).upload_from_string(b"".join(parts), content_type="application/octet-stream")
 
     def exists(self, path: str) -> bool:
         bucket, key = self._split(path)

@@ -41,15 +41,13 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from flax import nnx
 
 from core.policy import gguf_reader
 from core.policy.config import ModelConfig
 from core.policy.gguf_tokenizer import CONTROL, PRE_TOKENIZERS, USER_DEFINED, build_tokenizer, bytes_to_unicode
 from core.policy.hf_config import hf_family
-from core.policy.hf_export import flat_params
+from core.policy.hf_export import checked_params
 from core.policy.hf_keys import slots
-from core.policy.model import abstract_model
 from core.policy.tokenizer import ByteTokenizer, Tokenizer
 
 Q = gguf.GGMLQuantizationType
@@ -184,17 +182,9 @@ def export_gguf(
 
 
 def _checked_params(cfg: ModelConfig, params) -> dict[tuple, np.ndarray]:
-    """path -> array (float32 or bfloat16), every path and shape the model of cfg has, as
-    hf_export checks them."""
-    flat = flat_params(params)
-    _, state = nnx.split(abstract_model(cfg))
-    want = {path: tuple(var.get_value().shape) for path, var in nnx.to_flat_state(state)}
-    for path in sorted(set(want) ^ set(flat), key=str):
-        which = "missing from" if path in want else "not part of"
-        raise ValueError(f"parameter {_dotted(path)} is {which} the model of this config")
-    for path, shape in want.items():
-        if flat[path].shape != shape:
-            raise ValueError(f"parameter {_dotted(path)} has shape {flat[path].shape}, config implies {shape}")
+    """path -> array, every path and shape the model of cfg has (hf_export's check), each a float."""
+    flat, want = checked_params(cfg, params)
+    for path in want:
         if not np.issubdtype(flat[path].dtype, np.floating) and flat[path].dtype.name != "bfloat16":
             raise ValueError(f"parameter {_dotted(path)} has dtype {flat[path].dtype}, not a float")
     return {path: flat[path] for path in want}

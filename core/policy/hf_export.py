@@ -45,10 +45,9 @@ def flat_params(params) -> dict[tuple, np.ndarray]:
     return out
 
 
-def export_checkpoint(out_dir: str | Path, cfg: ModelConfig, params, bos_token_id=None, eos_token_id=None) -> Path:
-    """Writes the checkpoint into out_dir (created if needed) and returns it. params must be
-    exactly the model's of cfg (every path, every shape), all float32 or all bfloat16."""
-    out_dir = Path(out_dir)
+def checked_params(cfg: ModelConfig, params) -> tuple[dict, dict]:
+    """(path -> array, path -> shape the model of cfg has): ValueError naming the first
+    parameter missing from the model, not part of it, or of another shape."""
     flat = flat_params(params)
     _, state = nnx.split(abstract_model(cfg))
     want = {path: tuple(var.get_value().shape) for path, var in nnx.to_flat_state(state)}
@@ -60,6 +59,14 @@ def export_checkpoint(out_dir: str | Path, cfg: ModelConfig, params, bos_token_i
             raise ValueError(
                 f"parameter {'.'.join(map(str, path))} has shape {flat[path].shape}, config implies {shape}"
             )
+    return flat, want
+
+
+def export_checkpoint(out_dir: str | Path, cfg: ModelConfig, params, bos_token_id=None, eos_token_id=None) -> Path:
+    """Writes the checkpoint into out_dir (created if needed) and returns it. params must be
+    exactly the model's of cfg (every path, every shape), all float32 or all bfloat16."""
+    out_dir = Path(out_dir)
+    flat, want = checked_params(cfg, params)
     dtypes = {flat[p].dtype for p in want}
     if len(dtypes) != 1 or next(iter(dtypes)) not in _NAMES:
         raise ValueError(f"params must be all float32 or all bfloat16, got {sorted(map(str, dtypes))}")
