@@ -126,6 +126,8 @@ def _lead(cfg, learner, publisher, plane, tel, stats, lockstep: Lockstep, stop: 
         looked_up = time.perf_counter_ns()
         flops = learner.step_flops(batch)  # compiled once per shape, outside the timing
         tel.compiled(looked_up)
+        with tel.span("checkpoint wait"):  # a CPU learner's step waits for the save (publisher.before_step)
+            publisher.before_step()
         t0 = time.monotonic()
         with tel.span("train step", step=learner.steps + 1):
             metrics = learner.train_step(batch)
@@ -152,6 +154,7 @@ def _follow(learner, publisher, lockstep: Lockstep) -> None:
     while (batch := lockstep.batch(False, lambda: None)) is not STOP:
         if not batch:
             continue
+        publisher.before_step()
         learner.train_step(batch)
         if lockstep.agree(False):
             publisher.publish()

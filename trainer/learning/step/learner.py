@@ -212,6 +212,8 @@ class Learner:
             self.init_optimizer()
             self._batch_sharding = sharding.batch_sharding(mesh)
         self._shardings = None if mesh is None else shardings
+        # The params live in host memory: a checkpoint's save reads their buffers in place.
+        self.on_host = all(d.platform == "cpu" for x in jax.tree.leaves(self.params) for d in x.devices())
         self._steps: dict[Layout, object] = {}  # the jitted step of each layout tried
         self.steps = 0
         # Per batch shape: the layout chosen by memory, the compiled step, its memory (XLA's
