@@ -9,6 +9,7 @@ import tracemalloc
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import environments
 from core import process_memory
@@ -95,11 +96,24 @@ def test_the_growth_report_names_the_line_that_grew(tmp_path, monkeypatch, walk_
             tracemalloc.stop()
 
 
-def test_no_tracing_unless_asked(monkeypatch):
+@pytest.fixture
+def untraced():
+    """tracemalloc off for the test (another test may have left it on), as it was after."""
+    was_tracing = tracemalloc.is_tracing()
+    tracemalloc.stop()
+    yield
+    tracemalloc.stop()
+    if was_tracing:
+        tracemalloc.start()
+
+
+def test_no_tracing_unless_asked(monkeypatch, untraced):
     monkeypatch.delenv("AGENTIC_RL_TRACEMALLOC", raising=False)
-    if not tracemalloc.is_tracing():
-        assert not process_memory.start_tracing()
-        assert "mem/traced_mb" not in process_memory.sample()
+    assert not process_memory.start_tracing()
+    assert "mem/traced_mb" not in process_memory.sample()
+    monkeypatch.setenv("AGENTIC_RL_TRACEMALLOC", "1")  # asked: on, and in the gauges
+    assert process_memory.start_tracing()
+    assert "mem/traced_mb" in process_memory.sample()
 
 
 def test_an_evaluation_leaves_no_reference_to_its_params_behind():
@@ -124,9 +138,7 @@ def test_an_evaluation_leaves_no_reference_to_its_params_behind():
     assert counts[0] == counts[1] == counts[2], counts
 
 
-def test_the_types_alone_are_reported_without_tracing(tmp_path, monkeypatch, walk_only_new_objects):
-    if tracemalloc.is_tracing():
-        return  # another test left tracing on: this one is about the untraced path
+def test_the_types_alone_are_reported_without_tracing(tmp_path, monkeypatch, walk_only_new_objects, untraced):
     monkeypatch.setenv("AGENTIC_RL_GC_TYPES", "1")
     monkeypatch.setattr(process_memory, "_FIRST", [])
     monkeypatch.setattr(process_memory, "_FIRST_TYPES", [])

@@ -5,6 +5,7 @@ that holds its section, through the argv the demo starts that process with."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,6 @@ from core.config import configclass, knob, section
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs
 from localstack.launch import demo
 from localstack.launch.demo_config import DemoConfig, parse_args
-from localstack.launch.plan import PlanConfig
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
@@ -37,30 +37,49 @@ def default_processes(tmp_path_factory) -> dict:
     return _processes(parse_args([]), tmp_path_factory.mktemp("default"))
 
 
+MODELS = lambda p: (p["learner"].model, p["rollout"].engine.model, p["evaluator"].model)
+
+
 @pytest.mark.parametrize(
-    "argv, reads",
+    "argv, reads, want",
     [
-        (["--model=/ckpt/m"], lambda p: (p["learner"].model, p["rollout"].engine.model, p["evaluator"].model)),
-        (["--model_config=small"], lambda p: (p["learner"].model, p["rollout"].engine.model, p["evaluator"].model)),
-        (["--env=guess"], lambda p: (p["learner"].env.name, p["evaluator"].env.name)),
-        (['--env_config={"max_ops_per_call": 1}'], lambda p: (p["learner"].env.config, p["evaluator"].env.config)),
-        (["--rows=3"], lambda p: (p["learner"].layout, p["rollout"].layout)),
-        (["--max_new_tokens_per_turn=48"], lambda p: (p["rollout"].engine.turn, p["evaluator"].turn)),
-        (["--lora_rank=4", "--lora_alpha=8"], lambda p: (p["learner"].learner.lora,)),
-        (["--warmstart_steps=5", "--warmstart_lr=1e-4"], lambda p: (p["learner"].warmstart.learning_rate,)),
+        (["--model=/ckpt/m"], lambda p: [m.checkpoint for m in MODELS(p)], "/ckpt/m"),
+        (["--model_config=small"], lambda p: [m.builtin for m in MODELS(p)], "small"),
+        (["--env=guess"], lambda p: (p["learner"].env.name, p["evaluator"].env.name), "guess"),
+        (
+            ['--env_config={"max_ops_per_call": 1}'],
+            lambda p: (p["learner"].env.config, p["evaluator"].env.config),
+            {"max_ops_per_call": 1},
+        ),
+        (["--rows=3"], lambda p: (p["learner"].layout.rows, p["rollout"].layout.rows), 3),
+        (
+            ["--max_new_tokens_per_turn=48"],
+            lambda p: (p["rollout"].engine.turn.max_new_tokens_per_turn, p["evaluator"].turn.max_new_tokens_per_turn),
+            48,
+        ),
+        (
+            ["--lora_rank=4", "--lora_alpha=8"],
+            lambda p: ((p["learner"].learner.lora.rank, p["learner"].learner.lora.alpha),),
+            (4, 8),
+        ),
+        (
+            ["--warmstart_steps=5", "--warmstart_lr=1e-4"],
+            lambda p: ((p["learner"].warmstart.steps, p["learner"].warmstart.learning_rate),),
+            (5, 1e-4),
+        ),
         # Run-wide values (`knob(to=...)`): the demo's own, set in the processes named.
-        (["--max_steps=7"], lambda p: (p["learner"].max_steps,)),
-        (["--group_size=4"], lambda p: (config.get(p["learner"], _path(p["learner"], "group_size")),)),
-        (["--sync"], lambda p: (p["learner"].sync,)),
-        (["--init_policy=/store"], lambda p: (p["learner"].init_policy,)),
-        (["--max_wait_s=3"], lambda p: (config.get(p["rollout"], _path(p["rollout"], "max_wait_s")),)),
-        (["--no-filter_zero_signal"], lambda p: (p["rollout"].packing.filter_zero_signal,)),
+        (["--max_steps=7"], lambda p: (p["learner"].max_steps,), 7),
+        (["--group_size=4"], lambda p: (config.get(p["learner"], _path(p["learner"], "group_size")),), 4),
+        (["--sync"], lambda p: (p["learner"].sync,), True),
+        (["--init_policy=/store"], lambda p: (p["learner"].init_policy,), "/store"),
+        (["--max_wait_s=3"], lambda p: (config.get(p["rollout"], _path(p["rollout"], "max_wait_s")),), 3.0),
+        (["--no-filter_zero_signal"], lambda p: (p["rollout"].packing.filter_zero_signal,), False),
     ],
 )
-def test_one_flag_reaches_every_process_that_holds_its_section(argv, reads, tmp_path, default_processes):
-    default, given = reads(default_processes), reads(_processes(parse_args(argv), tmp_path))
-    assert len(set(map(repr, given))) == 1  # every process holds the same value
-    assert given != default  # and it is the flag's, not the default
+def test_one_flag_reaches_every_process_that_holds_its_section(argv, reads, want, tmp_path, default_processes):
+    given = list(reads(_processes(parse_args(argv), tmp_path)))
+    assert given == [want] * len(given)  # every process named holds the flag's value
+    assert list(reads(default_processes)) != given  # which is not what it holds by default
 
 
 def test_the_telemetry_dirs_are_the_workdirs_in_every_process_and_no_demo_flag(tmp_path):
@@ -95,7 +114,7 @@ def test_a_run_wide_value_is_set_in_each_process_named_and_is_no_flag_there():
         assert name in flags
         for section_name in sections:
             if section_name == "planner":  # no tree in the demo's: the demo builds one from these
-                tree = config.build(PlanConfig, **config.forwarded(given, "planner"))
+                tree = demo.planner_config(given, Path("plan.json"))
             else:
                 assert prefixes[section_name] + name not in flags  # the demo's flag, not the process's
                 tree = config.launched(given, section_name)
@@ -191,3 +210,11 @@ def test_a_process_alone_still_takes_every_flag():
     )
     assert (learner.env.name, learner.model.checkpoint) == ("guess", "/m")
     assert learner.env.settings == {}  # no tool latency unless asked
+
+
+def test_the_planner_measures_with_the_runs_own_sections():
+    cfg = parse_args(["--env=guess", "--model_config=small", "--rows=2", "--lora_rank=4", "--learner.step_memory_gb=2"])
+    plan = demo.planner_config(cfg, Path("plan.json"))
+    assert (plan.env.name, plan.model.builtin, plan.layout.rows, plan.lora.rank) == ("guess", "small", 2, 4)
+    assert plan.compute == cfg.learner.learner.compute and plan.compute.memory_gb == 2
+    assert plan.out == "plan.json"

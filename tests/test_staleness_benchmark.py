@@ -4,6 +4,7 @@ bound, and reading a held-out curve at a time. No processes."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -15,7 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _staleness_report as report
 import staleness
 
+from core import config
+from localstack.launch.demo_config import DemoConfig
+from localstack.launch.plan import PlanConfig
 from trainer.learning.capacity import Measurements
+from trainer.learning.data.feeder import CreditConfig
 
 
 def base_plan(m: Measurements) -> dict:
@@ -48,10 +53,17 @@ def test_a_looser_bound_never_plans_fewer_in_flight_nor_a_tighter_drop_rule(m, t
         # What the demo hands the learner and the rollout job is the re-planned window.
         assert f"--max_in_flight={p['plan']['max_in_flight']}" in p["learner_flags"]
         assert f"--max_staleness={p['plan']['max_staleness']}" in p["learner_flags"]
-        # The predicted mean lag stays within the bound, unless the deadlock floor forces more.
-        floor = m.batch_records * 16 + 8  # the default layout's largest record: 16 trajectories; groups of 8
-        if p["plan"]["max_in_flight"] > floor:
-            assert p["predicted"]["async"]["staleness_versions"] <= bound + 1e-9
+        # The predicted mean lag stays within the bound, or the window is at the credits' own
+        # deadlock floor (the smallest window the learner accepts), which forces more.
+        if p["predicted"]["async"]["staleness_versions"] > bound + 1e-9:
+            assert p["plan"]["max_in_flight"] == deadlock_floor(m), (p["plan"], p["predicted"])
+
+
+def deadlock_floor(m: Measurements) -> int:
+    """The learner's smallest window for the planner's layout, in whole groups."""
+    layout = config.build(PlanConfig).layout.layout
+    credits = CreditConfig(0, m.batch_records, layout.largest, DemoConfig.group_size)
+    return math.ceil(credits.min_window / DemoConfig.group_size) * DemoConfig.group_size
 
 
 def test_the_curve_at_a_time_is_the_newest_version_published_by_then():

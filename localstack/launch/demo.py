@@ -105,22 +105,22 @@ def cpu_set(text: str | None) -> set[int] | None:
     return {int(c) for c in text.split(",")} if text else None
 
 
+def planner_config(cfg: DemoConfig, out: Path) -> PlanConfig:
+    """The planner's tree: the run-wide values, and the sections its measurement shares with
+    the run (the learner's step memory too)."""
+    plan_cfg = config.build(PlanConfig, **config.forwarded(cfg, "planner"), out=str(out))
+    return dataclasses.replace(
+        plan_cfg, env=cfg.env, model=cfg.model, layout=cfg.layout, lora=cfg.lora, compute=cfg.learner.learner.compute
+    )
+
+
 def make_plan(cfg: DemoConfig, workdir: Path, env: dict) -> dict | None:
     """The capacity plan the run uses: measured now (auto), read from a file, or none."""
     if cfg.plan == "off":
         return None
     path = Path(cfg.plan) if cfg.plan != "auto" else workdir / "plan.json"
     if cfg.plan == "auto":
-        plan_cfg = config.build(PlanConfig, **config.forwarded(cfg, "planner"), out=str(path))
-        # The sections the planner's measurement shares with the run (the learner's step memory too).
-        plan_cfg = dataclasses.replace(
-            plan_cfg,
-            env=cfg.env,
-            model=cfg.model,
-            layout=cfg.layout,
-            lora=cfg.lora,
-            compute=cfg.learner.learner.compute,
-        )
+        plan_cfg = planner_config(cfg, path)
         with ProcessGroup(plan_command(plan_cfg), workdir / "plan.log", env, cpus=cpu_set(cfg.learner_cpus)) as planner:
             wait_for(planner, 900, "planner")
         PEAK_RSS["planner"] = planner.peak_rss
