@@ -157,7 +157,7 @@ def _learner(argv, events):
         stack.enter_context(mock.patch.object(trace, "_current", trace.current()))  # run() installs its tracer
         for name, fake in fakes.items():
             stack.enter_context(mock.patch.object(builder, name, fake))
-        task.run(task.parse_args(argv))
+        task.run(task.parse_config(argv))
 
 
 def _rollout(argv, events):
@@ -237,7 +237,7 @@ def _environment(argv, events):
     argv = [*LEARNER_BASE, *argv]
     with contextlib.suppress(Reached):
         _learner(argv, events)
-    args = task.parse_args(argv)
+    args = task.parse_config(argv)
     environments.make(args.env.name, **args.env.settings)
 
 

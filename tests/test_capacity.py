@@ -15,8 +15,8 @@ from trainer.learning.builder import read_plan, warn_if_short
 from trainer.learning.capacity import Measurements, check_async, make_plan, predict_sync, shortfall_warning
 from trainer.learning.data.batches import BatchBuffer
 from trainer.learning.data.feeder import TrajectoryCredits
+from trainer.learning.data.schedule import SyncSchedule
 from trainer.learning.data.staleness import StalenessConfig, StalenessControl
-from trainer.learning.step.schedule import SyncSchedule
 
 
 def _m(**kw):

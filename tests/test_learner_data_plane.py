@@ -11,9 +11,9 @@ from trainer.learning.data.batches import BatchBuffer
 from trainer.learning.data.data_plane import DataPlane
 from trainer.learning.data.deliveries import Deliveries, DeliveryConfig
 from trainer.learning.data.feeder import TrajectoryCredits
+from trainer.learning.data.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.data.staleness import StalenessConfig, StalenessControl
 from trainer.learning.run_stats import RunStats
-from trainer.learning.step.schedule import AsyncSchedule, SyncSchedule
 
 LAYOUT = RecordLayout((64,), rows=2, max_segments_per_row=3)
 GROUP = 2

@@ -11,8 +11,8 @@ from core.contracts.record_shape import RecordShape
 from tests._learner_data import random_record
 from trainer.learning.data.batches import BatchBuffer
 from trainer.learning.data.feeder import CreditConfig, TrajectoryCredits
+from trainer.learning.data.schedule import PADDING_ID, AsyncSchedule, SyncSchedule, padding_record, split_round
 from trainer.learning.data.staleness import StalenessConfig, StalenessControl
-from trainer.learning.step.schedule import PADDING_ID, AsyncSchedule, SyncSchedule, padding_record, split_round
 
 SHAPE = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)
 

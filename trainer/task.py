@@ -42,9 +42,6 @@ def parse_config(argv: list[str] | None) -> LearnerJobConfig:
     return config.parse(LearnerJobConfig, [*vertex_env_flags(), *argv], description=__doc__, prog="agentic-rl learner")
 
 
-parse_args = parse_config  # what trainer.cloud.vertex checks a job's learner flags with
-
-
 def compile_cache_dir(cfg: LearnerJobConfig, environ=os.environ) -> str | None:
     """Where the learner's compiles persist: the environment's JAX_COMPILATION_CACHE_DIR
     (JAX reads it itself), else --compile_cache_dir, else beside the checkpoints."""

@@ -54,7 +54,7 @@ class DedupIds:
 
 @dataclasses.dataclass
 class SyncRounds:
-    """The synchronous baseline's rounds (trainer/learning/step/schedule.py)."""
+    """The synchronous baseline's rounds (trainer/learning/data/schedule.py)."""
 
     rounds: int = 0
     extra_steps: int = 0  # steps beyond publish_every, when a round's records did not fit

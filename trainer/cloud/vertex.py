@@ -180,11 +180,11 @@ def to_sdk_job(cfg: VertexJobConfig, credentials=None):
 
 
 def check_learner_args(args: Sequence[str]) -> None:
-    """Parse the learner's flags with trainer.task's own parser: typos fail here, not on a TPU."""
-    from trainer import task
+    """Parse the learner's flags as trainer.task does (its config tree): typos fail here, not on a TPU."""
+    from trainer.config import LearnerJobConfig  # imports JAX: only when a job's flags are checked
 
     try:
-        task.parse_args(list(args))
+        config.parse(LearnerJobConfig, list(args), prog="agentic-rl learner")
     except SystemExit as e:
         raise ValueError(f"trainer.task refuses the learner args {list(args)} (see message above)") from e
 

@@ -29,13 +29,13 @@ from trainer.learning.data.consumer import RecordConsumer
 from trainer.learning.data.data_plane import DataPlane
 from trainer.learning.data.feeder import CreditConfig, Feeder, TrajectoryCredits
 from trainer.learning.data.lag_control import LagController, window_bounds
+from trainer.learning.data.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.data.staleness import StalenessControl
 from trainer.learning.data.starvation import StarvationWatch
 from trainer.learning.persistence.checkpoint import LearnerCheckpointer
 from trainer.learning.persistence.publisher import PolicyPublisher, learner_state_of
 from trainer.learning.step.learner import Learner
 from trainer.learning.step.lockstep import FollowerPlane
-from trainer.learning.step.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.step.sharding import make_mesh
 from trainer.learning.telemetry import LearnerTelemetry
 from trainer.learning.warmstart import WarmStartConfig, warm_start

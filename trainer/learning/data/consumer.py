@@ -13,7 +13,7 @@ from google.api_core import exceptions as gexc
 from core.contracts import pubsub_io
 from core.contracts.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
 from trainer.learning.data.deliveries import Deliveries, DeliveryConfig
-from trainer.learning.step.schedule import PADDING_ID
+from trainer.learning.data.schedule import PADDING_ID
 
 log = logging.getLogger(__name__)
 

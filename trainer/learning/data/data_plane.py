@@ -21,10 +21,10 @@ from trainer.learning.data.batches import BatchBuffer
 from trainer.learning.data.consumer import RecordConsumer
 from trainer.learning.data.feeder import Feeder, TrajectoryCredits
 from trainer.learning.data.lag_control import LagController
+from trainer.learning.data.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.data.staleness import StalenessControl
 from trainer.learning.data.starvation import StarvationWatch
 from trainer.learning.run_stats import RunStats
-from trainer.learning.step.schedule import AsyncSchedule, SyncSchedule
 
 log = logging.getLogger("learner")
 POLL_MAX_MESSAGES, POLL_TIMEOUT_S = 100, 1.0

@@ -8,7 +8,7 @@ of its tokens. Three bounds work together:
   * the feeder stamps every request with `min_policy_version = learner version -
     max_staleness`, and workers wait for that version before running it, so rollouts
     never start further behind than the bound.
-The synchronous baseline (`--sync`, trainer/learning/step/schedule.py) runs with
+The synchronous baseline (`--sync`, trainer/learning/data/schedule.py) runs with
 max_staleness 0: every request waits for the newest policy, and the learner trains only
 on its own version.
 """
