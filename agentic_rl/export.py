@@ -8,7 +8,7 @@ or as one llama.cpp GGUF file.
 --format hf (the default) writes config.json, model.safetensors, generation_config.json and
 the tokenizer files (copied from the checkpoint the policy was trained from; the byte
 tokenizer has none), so `transformers.AutoModelForCausalLM.from_pretrained(DIR)` loads it.
---format gguf writes FILE.gguf for llama.cpp, Ollama and LM Studio (core/policy/gguf_export.py):
+--format gguf writes FILE.gguf for llama.cpp, Ollama and LM Studio (core/policy/formats/gguf_export.py):
 architectures llama, qwen2, qwen3; 2-D weights in F32, F16 (the default) or Q8_0, norms in
 F32; the tokenizer and chat template as tokenizer.ggml.* metadata. `agentic-rl import-gguf`
 reads it back.
@@ -52,7 +52,7 @@ def _spec(cfg: ExportConfig) -> str:
 
 
 def run(cfg: ExportConfig) -> dict:
-    from core.policy.hf_export import export_checkpoint
+    from core.policy.formats.hf_export import export_checkpoint
     from core.policy.sources import load_policy
 
     spec = _spec(cfg)
@@ -76,7 +76,7 @@ def run(cfg: ExportConfig) -> dict:
 
 
 def _run_gguf(cfg: ExportConfig, spec: str) -> dict:
-    from core.policy import gguf_export
+    from core.policy.formats import gguf_export
     from core.policy.sources import load_policy
 
     gguf_type = cfg.gguf_type or "f16"

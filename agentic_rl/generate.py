@@ -65,7 +65,7 @@ def run(cfg: GenerateConfig) -> dict:
         raise ValueError("give exactly one of --prompt and --messages")
     import jax.numpy as jnp
 
-    from core.policy.generate import generate
+    from core.policy.sampling.generate import generate
     from core.policy.sources import load_policy
 
     policy = load_policy(cfg.model, dtype=jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32)

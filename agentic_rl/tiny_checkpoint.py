@@ -33,7 +33,7 @@ class TinyCheckpointConfig:
 
 
 def run(cfg: TinyCheckpointConfig) -> dict:
-    from core.policy.hf_config import read_hf_config
+    from core.policy.formats.hf_config import read_hf_config
     from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
 
     out = write_tiny_checkpoint(cfg.out, cfg.family, seed=cfg.seed, d_model=cfg.d_model, n_layers=cfg.n_layers)

@@ -25,8 +25,8 @@ import numpy as np
 from _accelerator_learner import model_config
 from _real_model_engine import generate_all
 
-from core.policy.model import init_model, split_params
-from core.policy.sampling import Sampler
+from core.policy.model.transformer import init_model, split_params
+from core.policy.sampling.sampler import Sampler
 from rollout.engine import InferenceEngine
 
 

@@ -3,7 +3,7 @@ of a real config's shape, one batch shape at a time.
 
 A row: the layout the memory search chose, compile seconds (every layout it compiled),
 the step's median time after a warm-up step, trained tokens/s, model FLOPs
-(core/policy/flops.py: 6 N a token plus causal attention within segments) per second as
+(core/policy/model/flops.py: 6 N a token plus causal attention within segments) per second as
 MFU against the vendor's peak and against the matmul peak measured in the same run, and
 the step's memory: XLA's analysis (params, optimizer state, batch, plus what it needs
 while it runs) and the device's own peak.
@@ -21,9 +21,9 @@ import numpy as np
 from _real_model_learner import batch as random_batch
 from _real_model_learner import packed_record
 
-from core.policy.hf_presets import preset_config
-from core.policy.lora import LoraConfig
-from core.policy.model import init_model
+from core.policy.formats.hf_presets import preset_config
+from core.policy.model.lora import LoraConfig
+from core.policy.model.transformer import init_model
 from trainer.learning.step.gradients import ComputeConfig, cast_floats
 from trainer.learning.step.learner import Learner, LearnerConfig
 from trainer.learning.step.memory import StepDoesNotFit
@@ -31,7 +31,7 @@ from trainer.learning.step.memory import StepDoesNotFit
 
 @dataclasses.dataclass(frozen=True)
 class LearnerCase:
-    model: str  # a core/policy/hf_presets.py name, or "tiny" (ModelConfig's defaults at vocab 300)
+    model: str  # a core/policy/formats/hf_presets.py name, or "tiny" (ModelConfig's defaults at vocab 300)
     rows: int
     seq_len: int
     segments: int = 1  # trajectories per row: span = seq_len // segments
@@ -52,7 +52,7 @@ class LearnerCase:
 
 def model_config(name: str):
     if name == "tiny":
-        from core.policy.config import ModelConfig
+        from core.policy.model.config import ModelConfig
 
         return ModelConfig(vocab_size=300, max_seq_len=2048)
     return preset_config(name)

@@ -14,7 +14,7 @@ import asyncio
 
 import environments
 from core.config import configclass, knob
-from core.policy import tokenizer
+from core.policy.text import tokenizer
 from environments import Environment, EpisodeStatus, StepResult, Task
 
 

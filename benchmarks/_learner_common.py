@@ -24,7 +24,7 @@ def pct(xs: list[float], q: float) -> float:
 def make_records(first_seed: int, n: int, rows: int, seq_len: int):
     from _learner_data import random_record
 
-    from core.policy.config import ModelConfig
+    from core.policy.model.config import ModelConfig
 
     vocab = ModelConfig().vocab_size
     return [random_record(first_seed + i, rows=rows, seq_len=seq_len, vocab=vocab) for i in range(n)]

@@ -21,7 +21,7 @@ def forward_ms(learner, device_batches, n: int) -> float:
     import jax
     from flax import nnx
 
-    from core.policy.model import token_logprobs
+    from core.policy.model.transformer import token_logprobs
 
     @jax.jit
     def fwd(params, batch):
@@ -49,7 +49,7 @@ def bench_profile(args) -> None:
 
     import jax
 
-    from core.policy.config import ModelConfig
+    from core.policy.model.config import ModelConfig
     from trainer.learning.step.learner import Learner, LearnerConfig
 
     shape, b, n = (args.rows, args.seq_len), args.batch_records, args.profile_steps

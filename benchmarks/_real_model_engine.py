@@ -7,7 +7,7 @@ project's inference engine or transformers' `generate` on the same prompts.
 
 Every slot busy: `slots` sequences of `prompt_len` random prompt tokens each, each sampling
 exactly `new_tokens` tokens at temperature 1 over the whole vocabulary (no eos stop).
-JAX: rollout.engine.InferenceEngine on a core.policy.sampling.Sampler of `slots` slots and
+JAX: rollout.engine.InferenceEngine on a core.policy.sampling.sampler.Sampler of `slots` slots and
 a cache of prompt_len + new_tokens, after its warm-up compile; `--groups G`: the sequences
 come in G groups that share their prompt (a GRPO group), as the rollout side runs them;
 `--decode_steps K`: decode steps per device call (the rollout's --engine_decode_steps; 0: auto).
@@ -42,9 +42,9 @@ def run_jax(args, ids: np.ndarray) -> float:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax.numpy as jnp
 
-    from core.policy.hf_weights import load_checkpoint
-    from core.policy.model import split_params
-    from core.policy.sampling import Sampler
+    from core.policy.formats.hf_weights import load_checkpoint
+    from core.policy.model.transformer import split_params
+    from core.policy.sampling.sampler import Sampler
     from rollout.engine import InferenceEngine
 
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32

@@ -81,8 +81,8 @@ def timed(step, steps: int) -> tuple[float, float]:
 
 def run_jax(args, data) -> dict:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from core.policy.hf_weights import load_checkpoint
-    from core.policy.lora import LoraConfig
+    from core.policy.formats.hf_weights import load_checkpoint
+    from core.policy.model.lora import LoraConfig
     from trainer.learning.step.gradients import ComputeConfig
     from trainer.learning.step.learner import Learner, LearnerConfig
 
@@ -98,7 +98,7 @@ def run_jax(args, data) -> dict:
     return {
         "first_step_s": first,
         "step_s": step_s,
-        "flops": learner.step_flops([record]),  # model FLOPs (core/policy/flops.py)
+        "flops": learner.step_flops([record]),  # model FLOPs (core/policy/model/flops.py)
         "remat": layout.remat,
         "micro_batches": layout.micro_batches,
     }

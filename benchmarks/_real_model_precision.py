@@ -49,11 +49,11 @@ def precision(model: str) -> dict:
     from flax import nnx
 
     import environments
-    from core.policy.chat_format import chat_format_for
-    from core.policy.hf_weights import load_checkpoint
-    from core.policy.logprobs import token_logprobs_and_entropy
-    from core.policy.model import split_params
+    from core.policy.formats.hf_weights import load_checkpoint
+    from core.policy.model.logprobs import token_logprobs_and_entropy
+    from core.policy.model.transformer import split_params
     from core.policy.sources import policy_spec
+    from core.policy.text.chat_format import chat_format_for
     from trainer.learning.warmstart import oracle_transcript
 
     environments.load_entry_points()
@@ -89,7 +89,7 @@ def _sum_logp(graphdef, params, batch):
     import jax.numpy as jnp
     from flax import nnx
 
-    from core.policy.logprobs import token_logprobs_and_entropy
+    from core.policy.model.logprobs import token_logprobs_and_entropy
 
     model = nnx.merge(graphdef, params)
     seg, pos = jnp.ones_like(batch), jnp.arange(batch.shape[1])[None]

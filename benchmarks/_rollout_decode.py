@@ -16,9 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import numpy as np
 from _report import print_table
 
-from core.policy import tokenizer
-from core.policy.config import ModelConfig
-from core.policy.sampling import Sampler
+from core.policy.model.config import ModelConfig
+from core.policy.sampling.sampler import Sampler
+from core.policy.text import tokenizer
 from rollout.engine import InferenceEngine, Sequence
 
 LENGTH = 256  # sampler KV length = the model's max_seq_len

@@ -22,8 +22,8 @@ from _report import fmt, print_table
 from _rollout_decode import Samplers, never
 
 import environments
-from core.policy import tokenizer
-from core.policy.sampling import Sampler
+from core.policy.sampling.sampler import Sampler
+from core.policy.text import tokenizer
 from rollout.engine import InferenceEngine, Sequence
 
 

@@ -26,12 +26,12 @@ import psutil
 # The first matching rule names a stack's category (frames are "function (file:line)").
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("environment", ("environments/",)),
-    ("engine", ("core/policy/sampling.py", "rollout/engine.py", "jax/", "jaxlib/")),
+    ("engine", ("core/policy/sampling/sampler.py", "rollout/engine.py", "jax/", "jaxlib/")),
     ("policy reload", ("core/policy/versions.py", "rollout/policy_poller.py", "core/contracts/store.py")),
     ("dedup", ("pipelines/dedup.py",)),
     ("packing", ("pipelines/packing.py", "pipelines/pack_transform.py", "pipelines/bucketing.py", "records.py")),
     ("pub/sub", ("pubsub_v1/", "grpc/", "pipelines/pubsub_write.py", "core/contracts/pubsub_io.py", "google/api_core")),
-    ("episode loop", ("rollout/episodes.py", "rollout/worker.py", "core/policy/chat_format.py", "asyncio/")),
+    ("episode loop", ("rollout/episodes.py", "rollout/worker.py", "core/policy/text/chat_format.py", "asyncio/")),
     ("beam bookkeeping", ("apache_beam/",)),
 ]
 ORDER = [name for name, _ in CATEGORIES] + [

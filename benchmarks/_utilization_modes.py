@@ -171,7 +171,7 @@ def learner_alone(records_path: Path, batch_records: int, seconds: float) -> dic
     """Back-to-back train steps on the rollout side's own records for `seconds` after the
     compile (this process's cores)."""
     from core.contracts.record_shape import RecordLayout
-    from core.policy.config import ModelConfig
+    from core.policy.model.config import ModelConfig
     from trainer.learning.step.learner import Learner, LearnerConfig
 
     recs = [decode(p) for p in _read_frames(records_path)]

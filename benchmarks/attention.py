@@ -30,8 +30,8 @@ from _report import machine_info, print_table
 from core import config
 from core.config import configclass, knob
 from core.contracts.record_shape import RecordLayout
-from core.policy.chat_format import chat_format_for
 from core.policy.sources import policy_spec
+from core.policy.text.chat_format import chat_format_for
 from localstack.launch.plan import measure_environment, measure_learner
 from trainer.learning.step.learner import LearnerConfig
 

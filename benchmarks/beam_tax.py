@@ -38,7 +38,7 @@ import environments
 from core import config
 from core.config import configclass, knob
 from core.contracts.store import PolicyStore
-from core.policy.sampling import Sampler
+from core.policy.sampling.sampler import Sampler
 from core.policy.sources import policy_spec
 from core.policy.versions import VersionLoader
 from rollout.engine import InferenceEngine

@@ -38,8 +38,8 @@ def main(argv=None) -> int:
     import environments
     from agentic_rl import export, generate
     from core import config
-    from core.policy.chat_format import chat_format_for
     from core.policy.sources import load_policy
+    from core.policy.text.chat_format import chat_format_for
 
     torch.set_num_threads(os.cpu_count() or 1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,7 @@ record decode and consumer poll throughput.
     python benchmarks/learner.py --quick    # a short run of everything (~1.5-2 min)
     python benchmarks/learner.py --sections steps,decode
 
-Tiny model (core.policy.config.ModelConfig() defaults, random init), JAX on CPU. Records are
+Tiny model (core.policy.model.config.ModelConfig() defaults, random init), JAX on CPU. Records are
 built by tests/_learner_data.random_record (1-3 segments per row, a 4-token prompt
 then generated tokens), encoded with core.contracts.records.encode and attributes().
 
@@ -59,7 +59,7 @@ SECTIONS = ("ceiling", "steps", "profile", "decode", "poll")
 
 # ----------------------------------------------------------------------------- 1. ceiling
 def bench_ceiling(args, emu) -> None:
-    from core.policy.config import ModelConfig
+    from core.policy.model.config import ModelConfig
     from trainer.learning.data.consumer import RecordConsumer
     from trainer.learning.step.learner import Learner, LearnerConfig
 
@@ -173,7 +173,7 @@ def bench_ceiling(args, emu) -> None:
 def bench_steps(args) -> None:
     import jax
 
-    from core.policy.config import ModelConfig
+    from core.policy.model.config import ModelConfig
     from trainer.learning.step.learner import Learner, LearnerConfig, batch_from_records
 
     shape = (args.rows, args.seq_len)

@@ -3,7 +3,7 @@ tokens/s and learner step time, side by side in one run.
 
     .venv/bin/python benchmarks/models.py [--rounds 3] [--slots 32] [--new_tokens 32]
 
-The tiny Qwen2 config is read through core/policy/hf_config.py from a config.json of the
+The tiny Qwen2 config is read through core/policy/formats/hf_config.py from a config.json of the
 built-in's dimensions (d 64, 2 layers, 4 heads / 2 KV heads, MLP 256, vocab 264), so the
 only differences are Qwen2's own: q/k/v biases and its RoPE base. Rounds alternate the two
 models (A B A B ...) so machine noise hits both alike; the table gives the medians and the
@@ -28,10 +28,10 @@ from _rollout_decode import engine_throughput
 
 from core import config
 from core.config import configclass, knob
-from core.policy.config import ModelConfig
-from core.policy.hf_config import config_from_hf
-from core.policy.model import init_model, split_params
-from core.policy.sampling import Sampler
+from core.policy.formats.hf_config import config_from_hf
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
+from core.policy.sampling.sampler import Sampler
 from trainer.learning.step.learner import Learner, LearnerConfig
 
 ROWS, SEQ = 4, 256  # the demo's record shape

@@ -12,7 +12,7 @@ One command, one run, one pinned core (--cpu), every measurement in a process of
 2. learner: trained tokens/s and peak RSS of one step, full fine-tuning and LoRA rank 8,
    at 1 x 256, 1 x 1024 and the demo's layout for this model (4 rows of 1,152 with 3
    trajectories each), against a PyTorch step (LlamaForCausalLM + AdamW) on the same tokens.
-3. mfu: the learner's model FLOPs (core/policy/flops.py) per second against this core's
+3. mfu: the learner's model FLOPs (core/policy/model/flops.py) per second against this core's
    measured float32 matmul peak.
 4. precision: bfloat16 weights and activations against float32: the log-prob difference
    of a forward pass, and the engine's and learner step's speed.

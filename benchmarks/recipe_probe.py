@@ -22,14 +22,14 @@ from flax import nnx
 
 import environments
 from core.contracts.store import PolicyStore
-from core.policy.chat_format import chat_format_for
-from core.policy.config import MODEL_CONFIGS
-from core.policy.hf_weights import load_checkpoint
-from core.policy.lora import LoraConfig, add_lora, merge_params, split_lora
-from core.policy.model import init_model, split_params
-from core.policy.sampling import Sampler
+from core.policy.formats.hf_weights import load_checkpoint
+from core.policy.model.config import MODEL_CONFIGS
+from core.policy.model.lora import LoraConfig, add_lora, merge_params, split_lora
+from core.policy.model.transformer import init_model, split_params
+from core.policy.sampling.sampler import Sampler
 from core.policy.sources import BYTE, policy_metadata
-from core.policy.tokenizer import BYTE_TOKENIZER, load_tokenizer
+from core.policy.text.chat_format import chat_format_for
+from core.policy.text.tokenizer import BYTE_TOKENIZER, load_tokenizer
 from rollout.episodes import EpisodeLimits
 from rollout.scoring import evaluate
 from trainer.learning.warmstart import WarmStartConfig, warm_start

@@ -4,7 +4,7 @@
     python benchmarks/rollout.py --quick    # a short run of everything (~2-3 min)
     python benchmarks/rollout.py --sections decode,latency
 
-Sections (tiny model: core.policy.config.ModelConfig() defaults, random init, JAX on CPU):
+Sections (tiny model: core.policy.model.config.ModelConfig() defaults, random init, JAX on CPU):
 
 1. latency: a scripted environment (benchmarks/_envs.py) whose every step waits
    --tool_latency_s and that is done after --env_steps steps; every model turn generates
@@ -44,8 +44,8 @@ from _rollout_packing import bench_flush, bench_packing, length_pools, sample_st
 from core import config
 from core.config import configclass, knob
 from core.contracts.record_shape import DEFAULT_MAX_SEGMENTS_PER_ROW
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
 from pipelines.packing_config import PackingConfig
 
 SECTIONS = ("decode", "latency", "packing", "flush")

@@ -93,9 +93,9 @@ def episodes_ab(init_policy: str, phase_s: float = 5.0, phases: int = 40, concur
 
     import environments
     from core.contracts.store import PolicyStore
-    from core.policy.config import model_config
-    from core.policy.model import abstract_tree
-    from core.policy.sampling import Sampler
+    from core.policy.model.config import model_config
+    from core.policy.model.transformer import abstract_tree
+    from core.policy.sampling.sampler import Sampler
     from rollout.engine import InferenceEngine
     from rollout.episodes import EpisodeLimits, run_episode
 

@@ -9,7 +9,7 @@ environment only says what its tool does (`call_tool`), how an answer scores
 `tool_argument_description`) for a chat template's tool block (`tools()`).
 
 `step` takes the model's raw text, or an `Action` a chat format already parsed from the
-model's native tool-call syntax (core/policy/chat_format.py): both count the same way.
+model's native tool-call syntax (core/policy/text/chat_format.py): both count the same way.
 """
 
 from __future__ import annotations

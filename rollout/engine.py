@@ -28,10 +28,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from core.policy import decode_loop
-from core.policy.chat_format import ChatFormat, chat_format_for
-from core.policy.sampling import Sampler
-from core.policy.tokenizer import BYTE_TOKENIZER
+from core.policy.sampling import decode_loop
+from core.policy.sampling.sampler import Sampler
+from core.policy.text.chat_format import ChatFormat, chat_format_for
+from core.policy.text.tokenizer import BYTE_TOKENIZER
 
 # A fresh sequence copies a cached prefix of at least this many tokens from another slot
 # rather than feeding it (shorter ones are not worth a row copy).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from core.config import configclass, derived, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
-from core.policy.sampling import ACCELERATOR_DECODE_STEPS, DTYPES
+from core.policy.sampling.sampler import ACCELERATOR_DECODE_STEPS, DTYPES
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from core.sections import ModelChoice, TelemetryDirs, TurnBudget
 from rollout.episodes import EpisodeLimits

@@ -5,7 +5,7 @@ episodes of a group run concurrently, and so do groups: while one waits on a too
 engine decodes for the others. Group-relative advantages are computed once every
 episode of the group has ended.
 
-Token in, token out: the engine's chat format (core/policy/chat_format.py: the byte
+Token in, token out: the engine's chat format (core/policy/text/chat_format.py: the byte
 format, or the checkpoint's chat template and tool-call syntax) turns the prompt and each
 observation into tokens that are appended; the model's sampled tokens are kept as they
 were sampled and only parsed, never re-tokenised, so the learner trains on exactly them.

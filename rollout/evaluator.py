@@ -36,9 +36,9 @@ from core import config, heap, process_memory
 from core.config import configclass, knob, section
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.contracts.store import PolicyStore, StoreError
-from core.policy.chat_format import chat_format_for
-from core.policy.sampling import DTYPES, Sampler, cast_params, serving_dtype
+from core.policy.sampling.sampler import DTYPES, Sampler, cast_params, serving_dtype
 from core.policy.sources import policy_spec
+from core.policy.text.chat_format import chat_format_for
 from core.policy.versions import VersionLoader, base_params
 from core.rl.pass_at_k import SWEEP_MODE
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs, TurnBudget

@@ -17,7 +17,7 @@ import time
 from flax import nnx
 
 from core.contracts.store import ChecksumError, PolicyStore, StoreError
-from core.policy.sampling import cast_params
+from core.policy.sampling.sampler import cast_params
 from core.policy.versions import VersionLoader
 from core.telemetry import trace
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 import environments
-from core.policy.sampling import Sampler
+from core.policy.sampling.sampler import Sampler
 from core.rl.pass_at_k import pass_at_ks, standard_error
 from rollout.engine import InferenceEngine
 from rollout.episodes import EpisodeLimits, run_episode

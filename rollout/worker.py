@@ -12,9 +12,9 @@ import time
 
 import environments
 from core.contracts.store import PolicyStore
-from core.policy.chat_format import chat_format_for
-from core.policy.sampling import Sampler, serving_dtype
+from core.policy.sampling.sampler import Sampler, serving_dtype
 from core.policy.sources import policy_spec
+from core.policy.text.chat_format import chat_format_for
 from core.policy.versions import VersionLoader, base_params
 from core.telemetry import trace
 from rollout.engine import InferenceEngine

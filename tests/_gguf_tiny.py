@@ -23,7 +23,7 @@ import gguf
 import numpy as np
 from gguf.quants import dequantize, quantize
 
-from core.policy.gguf_reader import permute_rows
+from core.policy.formats.gguf_reader import permute_rows
 from localstack.fixtures.tiny_tokenizers import build
 
 Q = gguf.GGMLQuantizationType

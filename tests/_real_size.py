@@ -4,7 +4,7 @@ test and in the child process the test kills mid-save (tests/test_crash_real_siz
 
 from __future__ import annotations
 
-from core.policy.config import ModelConfig
+from core.policy.model.config import ModelConfig
 from tests._learner_data import random_record
 from trainer.learning.step.learner import Learner, LearnerConfig
 

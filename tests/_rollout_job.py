@@ -23,8 +23,8 @@ from core.contracts import pubsub_io
 from core.contracts.records import KIND_ATTRIBUTE, decode
 from core.contracts.rollout_request import RolloutRequest
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
 from core.telemetry import scalars
 from localstack.launch.processes import ProcessGroup
 from tests import _commands as commands

@@ -13,7 +13,7 @@ import numpy as np
 from _learner_data import random_record
 from flax import nnx
 
-from core.policy.config import ModelConfig
+from core.policy.model.config import ModelConfig
 from trainer.learning.step.learner import Learner, LearnerConfig
 from trainer.learning.step.sharding import make_mesh
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from core.policy.model import abstract_tree
+from core.policy.model.transformer import abstract_tree
 
 
 def params_for(v: int):

@@ -22,7 +22,7 @@ import numpy as np
 from _learner_data import random_record
 
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
+from core.policy.model.config import ModelConfig
 from core.telemetry import trace
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
 from trainer.learning import builder as B

@@ -1,4 +1,4 @@
-"""Banded attention (core/policy/banded_attention.py): the dense segment-causal result on
+"""Banded attention (core/policy/model/banded_attention.py): the dense segment-causal result on
 every non-padding token whenever no segment is longer than the span, in the attention
 itself, in the model's logits and gradients, and in the learner's step; and a record with
 a longer segment is refused before it is trained."""
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from core.contracts import pubsub_io
 from core.contracts.records import PackedRecord, TrajectoryInfo, empty_record_arrays, encode
-from core.policy import model as model_module
-from core.policy.banded_attention import Band, band_block, banded_attention
-from core.policy.config import FULL, SLIDING, ModelConfig
-from core.policy.model import init_model, segment_causal_mask, split_params, token_logprobs, window_mask
+from core.policy.model import transformer as model_module
+from core.policy.model.banded_attention import Band, band_block, banded_attention
+from core.policy.model.config import FULL, SLIDING, ModelConfig
+from core.policy.model.transformer import init_model, segment_causal_mask, split_params, token_logprobs, window_mask
 from trainer.learning.data.consumer import RecordConsumer
 from trainer.learning.step.learner import Learner, LearnerConfig
 

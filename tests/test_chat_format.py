@@ -1,4 +1,4 @@
-"""Chat formats (core/policy/chat_format.py): the byte format as before, and each family's
+"""Chat formats (core/policy/text/chat_format.py): the byte format as before, and each family's
 native format on its real chat template (tests/_chat_templates.py, tiny tokenizers).
 
 Incremental ids (prompt, then each action and observation as an episode appends them)
@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import environments
-from core.policy.chat_format import ByteFormat, NativeFormat, chat_format_for
-from core.policy.tokenizer import BOS, BYTE_TOKENIZER, EOS, load_tokenizer
+from core.policy.text.chat_format import ByteFormat, NativeFormat, chat_format_for
+from core.policy.text.tokenizer import BOS, BYTE_TOKENIZER, EOS, load_tokenizer
 from environments import sandbox
 from environments.base import Environment
 from environments.calculator import CalculatorEnv

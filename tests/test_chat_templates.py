@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
 
-from core.policy import chat_template
-from core.policy.tokenizer import load_tokenizer
+from core.policy.text import chat_template
+from core.policy.text.tokenizer import load_tokenizer
 from tests import _chat_templates as chats
 from tests import _hf_tokenizers as tiny
 

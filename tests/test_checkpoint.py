@@ -10,7 +10,7 @@ import pytest
 from _trees import abstract, assert_tree_equal
 
 from core.contracts.store import PolicyStore
-from core.policy.config import model_config
+from core.policy.model.config import model_config
 from localstack.emulators import gcs as gcs_emulator
 from trainer.learning.persistence.checkpoint import CheckpointError, LearnerCheckpointer
 from trainer.learning.persistence.publisher import PolicyPublisher

@@ -1,4 +1,4 @@
-"""Several decode steps per device call (core/policy/decode_loop.py, Sampler.decode_loop):
+"""Several decode steps per device call (core/policy/sampling/decode_loop.py, Sampler.decode_loop):
 the same tokens as one step a call with the same keys, stop checks on the device, cache
 reads cut to the filled part, and the chat formats' stop sequences."""
 
@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from core.policy import decode_loop
-from core.policy.chat_format import chat_format_for
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
-from core.policy.sampling import Sampler, cast_params, resolve_decode_steps, serving_dtype
-from core.policy.tokenizer import BYTE_TOKENIZER, load_tokenizer
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
+from core.policy.sampling import decode_loop
+from core.policy.sampling.sampler import Sampler, cast_params, resolve_decode_steps, serving_dtype
+from core.policy.text.chat_format import chat_format_for
+from core.policy.text.tokenizer import BYTE_TOKENIZER, load_tokenizer
 from tests import _hf_tokenizers as tiny
 
 CFG = ModelConfig(max_seq_len=128)

@@ -1,4 +1,4 @@
-"""The engine's token draw (core/policy/draw.py): the softmax's distribution, its exact
+"""The engine's token draw (core/policy/sampling/draw.py): the softmax's distribution, its exact
 log-probs, never a zero-probability token, and greedy equal to argmax."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy import draw
+from core.policy.sampling import draw
 
 
 def test_samples_follow_the_softmax_across_blocks_and_padding():

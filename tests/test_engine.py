@@ -11,11 +11,11 @@ import pytest
 from flax import nnx
 
 import environments
-from core.policy import tokenizer
-from core.policy.chat_format import ByteFormat
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params, token_logprobs
-from core.policy.sampling import Placed, Sampler
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params, token_logprobs
+from core.policy.sampling.sampler import Placed, Sampler
+from core.policy.text import tokenizer
+from core.policy.text.chat_format import ByteFormat
 from rollout.engine import InferenceEngine, Sequence
 from rollout.episodes import EpisodeLimits, run_group
 

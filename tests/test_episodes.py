@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import environments
-from core.policy import tokenizer
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
-from core.policy.sampling import Sampler
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
+from core.policy.sampling.sampler import Sampler
+from core.policy.text import tokenizer
 from environments import Environment, EpisodeStatus, StepResult, Task
 from rollout.engine import InferenceEngine
 from rollout.episodes import EpisodeLimits, run_group

@@ -12,8 +12,8 @@ from flax import nnx
 
 from core.contracts import pubsub_io
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
 from core.telemetry.scalars import read_rows
 from localstack.launch.processes import ProcessGroup
 from localstack.reports.heldout import FINAL_SCORING_MIN_S, final_scoring_budget_s, held_out_summary
@@ -218,7 +218,7 @@ def _tiny_evaluation(seed: int):
     here, so one given up a second in has some episodes ended and some mid-turn. Returns
     (params, a new sampler, evaluate's other arguments, a superseded() true at its 2nd ask)."""
     import environments
-    from core.policy.sampling import Sampler
+    from core.policy.sampling.sampler import Sampler
     from rollout.episodes import EpisodeLimits
 
     cfg, env_config = ModelConfig(), {"tool_latency": "none"}

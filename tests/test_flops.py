@@ -1,4 +1,4 @@
-"""The model FLOPs the learner's MFU divides by (core/policy/flops.py): 6 N a trained token
+"""The model FLOPs the learner's MFU divides by (core/policy/model/flops.py): 6 N a trained token
 plus causal attention within each segment, checked against XLA's own count of a step whose
 loops run once (XLA counts a loop's body once, so the scanned step cannot be counted)."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from core.contracts.records import PackedRecord, empty_record_arrays
-from core.policy import model
-from core.policy.config import ModelConfig
-from core.policy.flops import causal_pairs, matmul_params, segment_lengths, train_flops
-from core.policy.lora import LoraConfig
+from core.policy.model import transformer as model
+from core.policy.model.config import ModelConfig
+from core.policy.model.flops import causal_pairs, matmul_params, segment_lengths, train_flops
+from core.policy.model.lora import LoraConfig
 from trainer.learning.step.gradients import ComputeConfig
 from trainer.learning.step.learner import Learner, LearnerConfig
 from trainer.learning.step.losses import LossConfig

@@ -19,8 +19,8 @@ from flax import nnx
 
 from agentic_rl import cli
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
 from core.policy.sources import load_policy, policy_metadata
 from tests import _chat_templates as chats
 from tests import _hf_tiny as tiny

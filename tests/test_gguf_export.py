@@ -1,4 +1,4 @@
-"""`agentic-rl export --format gguf` (core/policy/gguf_export.py) against the project's own
+"""`agentic-rl export --format gguf` (core/policy/formats/gguf_export.py) against the project's own
 import and against transformers' GGUF loading.
 
 A tiny random Llama checkpoint (tests/_hf_tiny.py, default RoPE) with the Llama 3 tiny
@@ -32,14 +32,14 @@ from safetensors.numpy import load_file
 
 from agentic_rl import cli
 from core.contracts.store import PolicyStore
-from core.policy import gguf_export
-from core.policy.config import ModelConfig, RopeConfig
-from core.policy.gguf_reader import permute_rows, read_gguf
-from core.policy.hf_config import read_hf_config
-from core.policy.hf_tokenizer import HFTokenizer
-from core.policy.model import init_model, split_params
+from core.policy.formats import gguf_export
+from core.policy.formats.gguf_reader import permute_rows, read_gguf
+from core.policy.formats.hf_config import read_hf_config
+from core.policy.model.config import ModelConfig, RopeConfig
+from core.policy.model.transformer import init_model, split_params
 from core.policy.sources import load_policy, policy_metadata
-from core.policy.tokenizer import BYTE_TOKENIZER
+from core.policy.text.hf_tokenizer import HFTokenizer
+from core.policy.text.tokenizer import BYTE_TOKENIZER
 from localstack.fixtures.tiny_tokenizers import CORPUS
 from tests import _hf_tiny as tiny
 from tests import _hf_tokenizers as toks

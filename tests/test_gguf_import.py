@@ -25,11 +25,11 @@ import transformers
 from safetensors.numpy import load_file
 
 from agentic_rl import cli, real_model
-from core.policy.gguf_import import import_gguf
-from core.policy.gguf_reader import llama3_factors
-from core.policy.gguf_tokenizer import build_tokenizer, bytes_to_unicode
-from core.policy.hf_config import read_hf_config
-from core.policy.hf_tokenizer import HFTokenizer
+from core.policy.formats.gguf_import import import_gguf
+from core.policy.formats.gguf_reader import llama3_factors
+from core.policy.formats.hf_config import read_hf_config
+from core.policy.text.gguf_tokenizer import build_tokenizer, bytes_to_unicode
+from core.policy.text.hf_tokenizer import HFTokenizer
 from localstack.fixtures.tiny_tokenizers import CORPUS
 from tests import _gguf_tiny as tiny
 
@@ -245,7 +245,7 @@ def test_bfloat16_import_rounds_the_float32_weights(imported, tmp_path):
     ours = load_file(out32 / "model.safetensors")
     hf = transformers.AutoModelForCausalLM.from_pretrained(made.path.parent, gguf_file=made.path.name)
     bf16 = hf.to(torch.bfloat16).state_dict()
-    from core.policy.hf_weights import _Reader  # the loader's own bf16 reader
+    from core.policy.formats.hf_weights import _Reader  # the loader's own bf16 reader
 
     with contextlib.ExitStack() as stack:
         reader = _Reader(tmp_path / "bf16" / "model.safetensors", stack)

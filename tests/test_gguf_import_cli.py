@@ -19,8 +19,8 @@ from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import load_file
 
 from agentic_rl import cli, real_model
-from core.policy import gguf_import
-from core.policy.gguf_import import import_gguf
+from core.policy.formats import gguf_import
+from core.policy.formats.gguf_import import import_gguf
 from tests import _gguf_tiny as tiny
 
 
@@ -206,7 +206,7 @@ def test_the_subcommands_are_listed_with_their_flags(capsys):
 
 
 def test_a_large_model_is_written_in_shards_the_loader_reads(imported, tmp_path, monkeypatch):
-    from core.policy.hf_weights import tensor_files
+    from core.policy.formats.hf_weights import tensor_files
 
     made, single = imported("qwen2")
     monkeypatch.setattr(gguf_import, "SHARD_BYTES", 100_000)  # the tiny model is ~0.4 MB in float32

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 import environments
-from core.policy.tokenizer import BYTE_TOKENIZER
+from core.policy.text.tokenizer import BYTE_TOKENIZER
 from environments import code, datasets, guess
 from rollout.engine import Sequence
 from rollout.scoring import FAILURES, failure_class, failure_examples, summarize

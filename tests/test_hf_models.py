@@ -16,13 +16,13 @@ import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from core.policy import tokenizer
-from core.policy.config import ModelConfig, check_vocab, model_config
-from core.policy.hf_config import config_from_hf, read_hf_config
-from core.policy.hf_export import export_checkpoint, flat_params
-from core.policy.hf_weights import load_checkpoint
-from core.policy.model import init_model, split_params
-from core.policy.rope import inverse_frequencies
+from core.policy.formats.hf_config import config_from_hf, read_hf_config
+from core.policy.formats.hf_export import export_checkpoint, flat_params
+from core.policy.formats.hf_weights import load_checkpoint
+from core.policy.model.config import ModelConfig, check_vocab, model_config
+from core.policy.model.rope import inverse_frequencies
+from core.policy.model.transformer import init_model, split_params
+from core.policy.text import tokenizer
 from tests import _hf_tiny as tiny
 from trainer.learning.step.sharding import make_mesh, param_shardings
 

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as RustTokenizer
 from transformers import AutoTokenizer, GenerationConfig
 
-from core.policy import tokenizer as byte_module
-from core.policy.hf_tokenizer import HFTokenizer
-from core.policy.tokenizer import BYTE_TOKENIZER, ByteTokenizer, Tokenizer, load_tokenizer
+from core.policy.text import tokenizer as byte_module
+from core.policy.text.hf_tokenizer import HFTokenizer
+from core.policy.text.tokenizer import BYTE_TOKENIZER, ByteTokenizer, Tokenizer, load_tokenizer
 from tests import _hf_tokenizers as tiny
 
 FAMILIES = ("qwen2", "qwen3", "llama3", "gemma3")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from _learner_data import random_record
 
-from core.policy.config import ModelConfig
+from core.policy.model.config import ModelConfig
 from trainer.learning.step.learner import Learner, LearnerConfig
 
 HERE = os.path.dirname(__file__)

@@ -16,8 +16,8 @@ from core.contracts.record_shape import LayoutConfig
 from core.contracts.records import attributes, encode
 from core.contracts.run_summary import RunSummary
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
-from core.policy.model import abstract_tree, init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import abstract_tree, init_model, split_params
 from localstack.launch.commands import learner_command
 from localstack.launch.processes import ProcessGroup
 from trainer.config import LearnerJobConfig

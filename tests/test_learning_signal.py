@@ -6,8 +6,8 @@ import numpy as np
 from _learner_data import random_record
 from flax import nnx
 
-from core.policy.config import ModelConfig
-from core.policy.model import token_logprobs
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import token_logprobs
 from trainer.learning.step.learner import Learner, LearnerConfig
 
 

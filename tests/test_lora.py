@@ -15,10 +15,10 @@ from safetensors.numpy import load_file
 
 from core import config
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig, model_config
-from core.policy.hf_export import export_checkpoint
-from core.policy.hf_weights import load_checkpoint
-from core.policy.lora import (
+from core.policy.formats.hf_export import export_checkpoint
+from core.policy.formats.hf_weights import load_checkpoint
+from core.policy.model.config import ModelConfig, model_config
+from core.policy.model.lora import (
     LoraConfig,
     ScaledLoRA,
     adapter_metadata,
@@ -28,7 +28,7 @@ from core.policy.lora import (
     merge_params,
     split_lora,
 )
-from core.policy.model import Transformer, abstract_tree, init_model
+from core.policy.model.transformer import Transformer, abstract_tree, init_model
 from tests import _hf_tiny as tiny
 from trainer.learning.persistence.publisher import PolicyPublisher
 from trainer.learning.step.learner import Learner, LearnerConfig
@@ -75,7 +75,7 @@ def test_adapted_model_equals_the_base_at_init():
 
 def _on_policy_record(learner: Learner, seed: int):
     """Behaviour log-probs are the learner's own; advantages +1 / -1 by segment."""
-    from core.policy.model import token_logprobs
+    from core.policy.model.transformer import token_logprobs
 
     rec = random_record(seed, rows=4, seq_len=64, vocab=264)
     logits = learner.model_of(learner.params)(rec.tokens, rec.segment_ids, rec.positions)

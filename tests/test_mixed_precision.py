@@ -11,8 +11,8 @@ import numpy as np
 import optax
 from _learner_data import random_record
 
-from core.policy.config import ModelConfig
-from core.policy.model import init_model
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model
 from trainer.learning.step.gradients import ComputeConfig
 from trainer.learning.step.learner import Learner, LearnerConfig
 from trainer.learning.step.losses import LossConfig

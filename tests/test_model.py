@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from core.policy import tokenizer
-from core.policy.config import ModelConfig, check_vocab
-from core.policy.model import init_model, split_params, token_logprobs
-from core.policy.sampling import Sampler
+from core.policy.model.config import ModelConfig, check_vocab
+from core.policy.model.transformer import init_model, split_params, token_logprobs
+from core.policy.sampling.sampler import Sampler
+from core.policy.text import tokenizer
 
 CFG = ModelConfig(max_seq_len=64)
 

@@ -5,8 +5,8 @@ check (trainer.learning.builder.check_prompt_fits)."""
 import pytest
 
 from core import config
-from core.policy.chat_format import chat_format_for
 from core.policy.sources import policy_spec
+from core.policy.text.chat_format import chat_format_for
 from environments import make, make_tasks
 from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
 from localstack.launch.model_layout import layout_for_model

@@ -13,8 +13,8 @@ from flax import nnx
 
 from core.contracts import orbax_fixes
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
-from core.policy.model import abstract_model, init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import abstract_model, init_model, split_params
 from core.policy.versions import VersionLoader
 
 pytestmark = pytest.mark.usefixtures("walk_only_new_objects")  # the counts walk only what a test makes

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy import decode_loop
+from core.policy.sampling import decode_loop
 from core.rl.pass_at_k import ks_for, pass_at_k, pass_at_ks, standard_error
 from localstack.reports.pass_at import format_pass_at, pass_at_summary
 from rollout.scoring import pass_at_row

@@ -10,7 +10,7 @@ import pytest
 
 from core import config
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
+from core.policy.model.config import ModelConfig
 from localstack.launch import plan
 from localstack.launch.processes import ProcessGroup
 from tests._learner_data import random_record

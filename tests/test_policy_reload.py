@@ -9,9 +9,9 @@ from flax import nnx
 
 import environments
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
-from core.policy.sampling import Sampler
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
+from core.policy.sampling.sampler import Sampler
 from rollout.engine import InferenceEngine
 from rollout.episodes import EpisodeLimits, run_group
 from rollout.policy_poller import PolicyHandle

@@ -8,10 +8,10 @@ import pytest
 from flax import nnx
 
 from core.contracts.store import PolicyStore, StoreError
-from core.policy.config import model_config
-from core.policy.hf_weights import load_checkpoint
-from core.policy.lora import LoraConfig
-from core.policy.model import abstract_model, split_params
+from core.policy.formats.hf_weights import load_checkpoint
+from core.policy.model.config import model_config
+from core.policy.model.lora import LoraConfig
+from core.policy.model.transformer import abstract_model, split_params
 from core.policy.sources import policy_metadata
 from core.policy.versions import VersionLoader, base_params
 from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint

@@ -13,9 +13,9 @@ import pytest
 
 import environments
 from core import process_memory
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
-from core.policy.sampling import Sampler
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
+from core.policy.sampling.sampler import Sampler
 from rollout.episodes import EpisodeLimits
 from rollout.scoring import evaluate
 

@@ -9,8 +9,8 @@ import pytest
 
 import environments
 from core import config
-from core.policy.chat_format import chat_format_for
-from core.policy.tokenizer import BYTE_TOKENIZER
+from core.policy.text.chat_format import chat_format_for
+from core.policy.text.tokenizer import BYTE_TOKENIZER
 from localstack.launch import demo
 from localstack.launch.demo_config import DemoConfig, parse_args
 from localstack.launch.recipes import RECIPES, env_of

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from core.contracts.store import PolicyStore
-from core.policy.model import abstract_tree
+from core.policy.model.transformer import abstract_tree
 from tests._rollout_job import (
     GROUP,
     STARTUP_S,

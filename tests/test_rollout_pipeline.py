@@ -12,8 +12,8 @@ from core.contracts import pubsub_io
 from core.contracts.records import decode
 from core.contracts.rollout_request import RolloutRequest
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
 from localstack.launch.processes import ProcessGroup
 from tests import _commands as commands
 from trainer.learning.data.consumer import RecordConsumer

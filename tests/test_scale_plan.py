@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy.config import MODEL_CONFIGS
+from core.policy.model.config import MODEL_CONFIGS
 from localstack.launch import scale_model as sm
 from localstack.launch import scale_plan
 from localstack.launch.accelerators import CHIPS, parse_slice
@@ -59,7 +59,7 @@ def test_predicts_the_issue_22_rerun_within_10_points():
 def test_parameter_count_matches_the_model(tmp_path):
     import jax
 
-    from core.policy.model import init_model, split_params
+    from core.policy.model.transformer import init_model, split_params
 
     for cfg in (MODEL_CONFIGS["tiny"], scale_plan.model_config(str(_tiny_qwen_config(tmp_path)))):
         _, params = split_params(init_model(cfg, 0))

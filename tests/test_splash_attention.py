@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from core.policy.config import FULL, SLIDING, ModelConfig
-from core.policy.model import init_model
+from core.policy.model.config import FULL, SLIDING, ModelConfig
+from core.policy.model.transformer import init_model
 
 T = 256  # two of the kernel's 128-token blocks: a masked-out block is skipped, a partial one is not
 UNIFORM = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_dim=128, max_seq_len=T, vocab_size=300)

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from core.policy.config import ModelConfig
-from core.policy.flops import count_params
-from core.policy.lora import LoraConfig
+from core.policy.model.config import ModelConfig
+from core.policy.model.flops import count_params
+from core.policy.model.lora import LoraConfig
 from trainer.learning.step import layout, memory
 from trainer.learning.step.gradients import ComputeConfig, Layout
 from trainer.learning.step.learner import Learner, LearnerConfig

@@ -20,9 +20,9 @@ from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.policy.config import ModelConfig
-from core.policy.logprobs import token_logprobs_and_entropy
-from core.policy.model import init_model, token_logprobs
+from core.policy.model.config import ModelConfig
+from core.policy.model.logprobs import token_logprobs_and_entropy
+from core.policy.model.transformer import init_model, token_logprobs
 from localstack.launch.processes import ProcessGroup
 from trainer.learning.step import losses, memory
 from trainer.learning.step.gradients import ComputeConfig, Layout, Numerics

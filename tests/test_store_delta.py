@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from core.contracts import store_delta
 from core.contracts.store import METADATA, ChecksumError, PolicyStore, StoreError, as_stored
 from core.contracts.store_delta import DATA_FILE, DeltaMismatch, should_be_full
-from core.policy.config import model_config
-from core.policy.hf_weights import load_checkpoint
-from core.policy.lora import LoraConfig
-from core.policy.model import abstract_model, abstract_tree, split_params
+from core.policy.formats.hf_weights import load_checkpoint
+from core.policy.model.config import model_config
+from core.policy.model.lora import LoraConfig
+from core.policy.model.transformer import abstract_model, abstract_tree, split_params
 from core.policy.versions import VersionLoader, base_params
 from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
 from trainer.learning.persistence.publisher import PolicyPublisher

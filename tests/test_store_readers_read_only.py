@@ -22,8 +22,8 @@ import pytest
 from flax import nnx
 
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
 from core.policy.sources import policy_metadata
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -126,7 +126,7 @@ def read_only(root: Path, reader):
 
 
 def test_the_rollout_workers_poller_loads_without_writing(store):
-    from core.policy.sampling import Sampler
+    from core.policy.sampling.sampler import Sampler
     from core.policy.sources import policy_spec
     from core.policy.versions import VersionLoader, base_params
     from rollout.policy_poller import PolicyHandle

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from agentic_rl import cli
-from core.policy.config import FULL, SLIDING
-from core.policy.hf_config import hf_family, read_hf_config
+from core.policy.formats.hf_config import hf_family, read_hf_config
+from core.policy.model.config import FULL, SLIDING
 from core.policy.sources import load_policy
-from core.policy.tokenizer import load_tokenizer
+from core.policy.text.tokenizer import load_tokenizer
 from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
 from localstack.fixtures.tiny_tokenizers import AGENT_TOOLS, FAMILIES
 from tests import _chat_templates as chats

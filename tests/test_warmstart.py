@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 import environments
-from core.policy import tokenizer
-from core.policy.config import ModelConfig
-from core.policy.model import init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import init_model, split_params
+from core.policy.text import tokenizer
 from trainer.learning.warmstart import WarmStartConfig, oracle_rows, sft_batches, warm_start
 
 TASKS = environments.make_tasks("calculator", 5, 40, "train")
@@ -122,7 +122,7 @@ def qwen2(tmp_path_factory):
 
 
 def test_demonstrations_in_a_checkpoints_format_put_the_loss_on_its_assistant_turns_only(qwen2):
-    from core.policy.chat_format import chat_format_for
+    from core.policy.text.chat_format import chat_format_for
 
     tok = qwen2.tokenizer
     rows = oracle_rows("calculator", TASKS[:6], 1024, fmt=chat_format_for(tok))
@@ -146,8 +146,8 @@ def test_demonstrations_in_a_checkpoints_format_put_the_loss_on_its_assistant_tu
 
 
 def test_behaviour_cloning_through_lora_adapters_in_the_checkpoints_format(qwen2):
-    from core.policy.chat_format import chat_format_for
-    from core.policy.lora import LoraConfig
+    from core.policy.model.lora import LoraConfig
+    from core.policy.text.chat_format import chat_format_for
     from trainer.learning.step.learner import Learner, LearnerConfig
 
     learner = Learner(qwen2.cfg, LearnerConfig(batch_records=1, lora=LoraConfig(rank=4)), model=qwen2.model)

@@ -20,8 +20,8 @@ from flax import nnx
 
 from agentic_rl import export
 from core.contracts.store import PolicyStore
-from core.policy import gguf_import
-from core.policy.model import split_params
+from core.policy.formats import gguf_import
+from core.policy.model.transformer import split_params
 from core.policy.sources import load_policy, policy_metadata
 from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
 from tests import _gguf_tiny as tiny
@@ -70,7 +70,7 @@ def test_an_import_killed_midway_leaves_no_checkpoint_and_the_next_import_cleans
     out, mark = tmp_path / "models" / "out", tmp_path / "mark"
     _killed_midway(
         f"""
-        from core.policy import gguf_import
+        from core.policy.formats import gguf_import
         gguf_import._write_json = pause_after(gguf_import._write_json, {str(mark)!r})  # weights written
         gguf_import.import_gguf({str(made.path)!r}, {str(out)!r})
         """,
@@ -91,7 +91,7 @@ def test_an_overwriting_import_killed_midway_leaves_the_old_checkpoint_whole(tmp
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     _killed_midway(
         f"""
-        from core.policy import gguf_import
+        from core.policy.formats import gguf_import
         gguf_import._write_json = pause_after(gguf_import._write_json, {str(mark)!r})
         gguf_import.import_gguf({str(made.path)!r}, {str(out)!r}, dtype="bfloat16", overwrite=True)
         """,

@@ -16,14 +16,14 @@ from core.config import configclass, knob
 # One row of 1024 with up to 16 trajectories: the same 1,024 tokens and 16 trajectories per
 # record as the old 4 rows of 256 with 4 each, but first-fit into one long row wastes less
 # (calculator oracle lengths: 96.7 % fill against 91.4 %). The learner's attention is banded
-# to the trajectory length (core/policy/banded_attention.py), so the long row costs what
+# to the trajectory length (core/policy/model/banded_attention.py), so the long row costs what
 # the short ones did (docs/BENCHMARKS.md, "Fill").
 DEFAULT_ROWS = 1
 DEFAULT_SEQ_LEN = 1024
 # Bounds the trajectories per record, which the feeder's credit rule relies on.
 DEFAULT_MAX_SEGMENTS_PER_ROW = 16
 DEFAULT_BUCKETS: tuple[int, ...] = (DEFAULT_SEQ_LEN,)
-# The longest episode by default: the tiny policy's context (core.policy.config).
+# The longest episode by default: the tiny policy's context (core.policy.model.config).
 DEFAULT_MAX_TRAJECTORY_LEN = 256
 
 

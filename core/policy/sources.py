@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from core.contracts.store import PolicyStore
-from core.policy.config import ModelConfig, check_vocab
-from core.policy.model import Transformer, abstract_model, split_params
-from core.policy.tokenizer import Tokenizer, load_tokenizer
+from core.policy.model.config import ModelConfig, check_vocab
+from core.policy.model.transformer import Transformer, abstract_model, split_params
+from core.policy.text.tokenizer import Tokenizer, load_tokenizer
 
 STORE_PREFIX = "store:"
 BYTE = "byte"
@@ -53,7 +53,7 @@ def policy_spec(model: str | os.PathLike | None, model_config: str = "tiny") -> 
     """`--model DIR` (its config.json and tokenizer, checked against each other) or the
     built-in `--model_config` size with the byte tokenizer. Reads no weights."""
     if not model:
-        from core.policy.config import model_config as named_config
+        from core.policy.model.config import model_config as named_config
 
         return PolicySpec(named_config(model_config), load_tokenizer(BYTE))
     path = Path(model)
@@ -67,7 +67,7 @@ def policy_spec(model: str | os.PathLike | None, model_config: str = "tiny") -> 
 
 def _checked_pair(path: Path) -> tuple[ModelConfig, Tokenizer]:
     """A checkpoint's config.json and tokenizer, refused by file when their vocabularies disagree."""
-    from core.policy.hf_config import read_hf_config
+    from core.policy.formats.hf_config import read_hf_config
 
     tok, cfg = load_tokenizer(path), read_hf_config(path)
     try:
@@ -101,7 +101,7 @@ def load_policy(spec: str | os.PathLike, dtype=jnp.float32) -> Policy:
     path = Path(spec)
     if not path.is_dir():
         raise FileNotFoundError(f"--model {spec!r}: not a checkpoint directory (nor store:PATH[@VERSION])")
-    from core.policy.hf_weights import load_checkpoint  # safetensors only for a checkpoint
+    from core.policy.formats.hf_weights import load_checkpoint  # safetensors only for a checkpoint
 
     _, tok = _checked_pair(path)  # before any weight is read
     cfg, model = load_checkpoint(path, dtype=dtype)

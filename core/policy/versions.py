@@ -26,9 +26,9 @@ from flax import nnx
 
 from core.contracts import store_delta
 from core.contracts.store import PolicyStore, StoreError, as_target
-from core.policy import lora
-from core.policy.config import ModelConfig
-from core.policy.model import Transformer, abstract_tree
+from core.policy.model import lora
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import Transformer, abstract_tree
 
 
 class VersionLoader:
@@ -159,7 +159,7 @@ def base_params(checkpoint: str | None) -> Callable[[], nnx.State] | None:
         return None
 
     def read() -> nnx.State:
-        from core.policy.hf_weights import load_checkpoint
+        from core.policy.formats.hf_weights import load_checkpoint
 
         _, model = load_checkpoint(checkpoint)
         return nnx.state(model, nnx.Param)

@@ -1,7 +1,7 @@
 """The settings several processes of a run must agree on, one section type each: which model
 (`ModelChoice`), which environment (`EnvChoice`), how long a model turn may be (`TurnBudget`)
 and where telemetry goes (`TelemetryDirs`);
-the record layout is `core.contracts.record_shape.LayoutConfig`, LoRA `core.policy.lora.LoraConfig`.
+the record layout is `core.contracts.record_shape.LayoutConfig`, LoRA `core.policy.model.lora.LoraConfig`.
 
 Each process's config tree holds the sections it reads. A tree that holds several
 processes (the demo) declares its own copy `section(..., shared=True)`: that one value is

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.config import configclass, knob
-from core.policy.config import MODEL_CONFIGS
+from core.policy.model.config import MODEL_CONFIGS
 
 # The one help text of every process's --model flag (learner, rollout job, evaluator, demo).
 MODEL_HELP = (

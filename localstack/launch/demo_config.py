@@ -19,7 +19,7 @@ import sys
 from core import config
 from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
-from core.policy.lora import LoraConfig
+from core.policy.model.lora import LoraConfig
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs, TurnBudget
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig

@@ -16,8 +16,8 @@ import statistics
 
 import environments
 from core.contracts.record_shape import LayoutConfig
-from core.policy.chat_format import chat_format_for
 from core.policy.sources import policy_spec
+from core.policy.text.chat_format import chat_format_for
 from environments.registry import DEFAULT_STYLE
 from trainer.learning.warmstart import oracle_transcript
 

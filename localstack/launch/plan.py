@@ -29,9 +29,9 @@ import environments
 from core import config
 from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
-from core.policy.chat_format import ChatFormat, chat_format_for
-from core.policy.lora import LoraConfig
+from core.policy.model.lora import LoraConfig
 from core.policy.sources import policy_spec
+from core.policy.text.chat_format import ChatFormat, chat_format_for
 from core.sections import EnvChoice, ModelChoice
 from localstack.launch.staleness_evidence import default_bound
 from rollout.engine_config import EngineConfig
@@ -137,8 +137,8 @@ def measure_environment(
 # ----------------------------------------------------------------------------- engine
 def measure_engine(slots: int, max_tokens: int, cfg, new_tokens: int = 48) -> dict:
     """Every slot busy decoding: the step time an episode's tokens are paid in."""
-    from core.policy.model import init_model, split_params
-    from core.policy.sampling import Sampler
+    from core.policy.model.transformer import init_model, split_params
+    from core.policy.sampling.sampler import Sampler
     from rollout.engine import InferenceEngine, Sequence
 
     _, params = split_params(init_model(cfg, 0))

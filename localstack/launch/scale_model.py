@@ -22,8 +22,8 @@ import dataclasses
 import math
 
 from core.config import configclass, derived
-from core.policy.config import SLIDING, ModelConfig
-from core.policy.flops import count_params
+from core.policy.model.config import SLIDING, ModelConfig
+from core.policy.model.flops import count_params
 from localstack.launch.accelerators import Slice
 from trainer.learning.capacity import Measurements, check_async, make_plan
 

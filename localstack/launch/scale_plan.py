@@ -24,9 +24,9 @@ from pathlib import Path
 
 from core import config
 from core.config import configclass, knob
-from core.policy.config import MODEL_CONFIGS
-from core.policy.hf_config import config_from_hf, read_hf_config
-from core.policy.hf_presets import PRESETS, preset_config
+from core.policy.formats.hf_config import config_from_hf, read_hf_config
+from core.policy.formats.hf_presets import PRESETS, preset_config
+from core.policy.model.config import MODEL_CONFIGS
 from environments.latency import LatencyModel
 from localstack.launch import scale_model as sm
 from localstack.launch.accelerators import parse_slice

@@ -17,9 +17,9 @@ import environments
 from core.contracts import pubsub_io
 from core.contracts.record_shape import RecordLayout
 from core.contracts.store import PolicyStore
-from core.policy.chat_format import chat_format_for
-from core.policy.model import abstract_tree
+from core.policy.model.transformer import abstract_tree
 from core.policy.sources import policy_spec
+from core.policy.text.chat_format import chat_format_for
 from core.telemetry import scalars, trace
 from trainer.cloud.distributed import is_primary
 from trainer.config import LearnerJobConfig, parse_mesh
@@ -73,7 +73,7 @@ def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
     spec = policy_spec(cfg.model.checkpoint, cfg.model.builtin)
     model = None
     if spec.checkpoint:
-        from core.policy.hf_weights import load_checkpoint
+        from core.policy.formats.hf_weights import load_checkpoint
 
         _, model = load_checkpoint(spec.checkpoint)
         log.info("initial params: the checkpoint %s", spec.checkpoint)

@@ -30,9 +30,9 @@ import environments
 from core import heap
 from core.config import configclass, derived, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
-from core.policy.chat_format import ChatFormat, chat_format_for
-from core.policy.logprobs import token_logprobs_and_entropy
-from core.policy.tokenizer import BYTE_TOKENIZER
+from core.policy.model.logprobs import token_logprobs_and_entropy
+from core.policy.text.chat_format import ChatFormat, chat_format_for
+from core.policy.text.tokenizer import BYTE_TOKENIZER
 from environments.registry import DEFAULT_STYLE
 from trainer.learning.step import gradients, layout
 from trainer.learning.step.gradients import ComputeConfig, Layout, Numerics, cast_floats

@@ -25,7 +25,7 @@ from jax.experimental import multihost_utils
 
 from core.contracts import store_delta
 from core.contracts.store import PolicyStore, as_stored
-from core.policy.lora import adapter_metadata
+from core.policy.model.lora import adapter_metadata
 from core.policy.sources import policy_metadata
 from trainer.cloud.distributed import is_primary as primary_process
 from trainer.learning.persistence.checkpoint import LearnerCheckpointer

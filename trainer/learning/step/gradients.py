@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from core.config import configclass, knob
-from core.policy.model import ATTENTION_IMPLS
+from core.policy.model.transformer import ATTENTION_IMPLS
 
 REMAT = ("auto", "on", "off")
 DTYPES = ("auto", "float32", "bfloat16")

@@ -20,13 +20,13 @@ from jax.sharding import PartitionSpec as P
 from core import heap
 from core.config import configclass, knob, section
 from core.contracts.records import ARRAY_SPECS, PackedRecord
-from core.policy.config import ModelConfig
-from core.policy.flops import segment_lengths, train_flops
-from core.policy.logprobs import token_logprobs_and_entropy
-from core.policy.lora import LoraConfig, add_lora, merge, split_lora
-from core.policy.model import Transformer, init_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.flops import segment_lengths, train_flops
+from core.policy.model.logprobs import token_logprobs_and_entropy
+from core.policy.model.lora import LoraConfig, add_lora, merge, split_lora
+from core.policy.model.transformer import Transformer, init_model, split_params
 from core.policy.sources import BYTE
-from core.policy.tokenizer import BYTE_TOKENIZER
+from core.policy.text.tokenizer import BYTE_TOKENIZER
 from trainer.learning.step import gradients, layout, losses, memory, sharding
 from trainer.learning.step.gradients import ComputeConfig, Layout, Numerics, cast_floats
 
@@ -289,7 +289,7 @@ class Learner:
         return self.memory[(rows, seq_len)]
 
     def step_flops(self, records: list[PackedRecord]) -> float:
-        """Model FLOPs of a step on this batch (core/policy/flops.py: 6 N a trained token
+        """Model FLOPs of a step on this batch (core/policy/model/flops.py: 6 N a trained token
         plus causal attention within each segment, and the KL reference's forward): what
         the step's MFU divides by. Padding and remat's recomputation are not counted."""
         lengths = segment_lengths(np.concatenate([r.segment_ids for r in records], axis=0))

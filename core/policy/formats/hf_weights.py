@@ -22,10 +22,10 @@ from flax import nnx
 from safetensors import safe_open
 
 from core import heap
-from core.policy.config import ModelConfig
-from core.policy.hf_config import hf_family, read_hf_config
-from core.policy.hf_keys import Slot, slots
-from core.policy.model import Transformer, abstract_model
+from core.policy.formats.hf_config import hf_family, read_hf_config
+from core.policy.formats.hf_keys import Slot, slots
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import Transformer, abstract_model
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 _FLOATS = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from core.policy.model import Transformer, split_params
+from core.policy.model.transformer import Transformer, split_params
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,10 +17,10 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from core.policy.config import ModelConfig
-from core.policy.hf_config import hf_config_dict
-from core.policy.hf_keys import slots
-from core.policy.model import Transformer, abstract_model
+from core.policy.formats.hf_config import hf_config_dict
+from core.policy.formats.hf_keys import slots
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import Transformer, abstract_model
 
 _NAMES = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16"}
 

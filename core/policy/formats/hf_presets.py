@@ -1,11 +1,11 @@
 """config.json of real checkpoints (the keys that size them), as their model cards ship
 them: the shapes the scale planner and the accelerator benchmark use where no weights can
-travel. `preset_config(name)` is the ModelConfig core/policy/hf_config.py reads from one."""
+travel. `preset_config(name)` is the ModelConfig core/policy/formats/hf_config.py reads from one."""
 
 from __future__ import annotations
 
-from core.policy.config import ModelConfig
-from core.policy.hf_config import config_from_hf
+from core.policy.formats.hf_config import config_from_hf
+from core.policy.model.config import ModelConfig
 
 PRESETS = {
     "smollm2-135m": dict(

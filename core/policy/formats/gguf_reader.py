@@ -10,7 +10,7 @@ loader calls too) and undoes what llama.cpp's converter did to the HF weights:
     interleaved one; the inverse permutation restores HF's.
   - gemma3: every RMSNorm weight is stored with 1 added (ggml's norm is `x * w`, Gemma's
     `x * (1 + w)`); 1 is subtracted in float32, as transformers does.
-qwen2/qwen3 are stored as in HF. The config goes through core/policy/hf_config.py both ways,
+qwen2/qwen3 are stored as in HF. The config goes through core/policy/formats/hf_config.py both ways,
 so what is written is exactly what the project's loaders read.
 """
 
@@ -24,8 +24,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from core.policy.config import ModelConfig
-from core.policy.hf_config import config_from_hf, hf_config_dict
+from core.policy.formats.hf_config import config_from_hf, hf_config_dict
+from core.policy.model.config import ModelConfig
 
 Q = GGMLQuantizationType
 QUANTS = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K})

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from core.config import configclass, knob
-from core.policy.hf_weights import nest
-from core.policy.model import Transformer, abstract_model
+from core.policy.formats.hf_weights import nest
+from core.policy.model.transformer import Transformer, abstract_model
 
 ATTENTION, MLP, HEAD = ("q", "kv", "out"), ("gate", "up", "down"), ("lm_head",)
 TARGETS = ATTENTION + MLP + HEAD

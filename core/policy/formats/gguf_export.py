@@ -1,6 +1,6 @@
 """NNX params + ModelConfig + tokenizer -> one llama.cpp GGUF file (llama.cpp, Ollama, LM Studio).
 
-`export_gguf(out, cfg, params, tokenizer, gguf_type)` is the inverse of core/policy/gguf_reader.py,
+`export_gguf(out, cfg, params, tokenizer, gguf_type)` is the inverse of core/policy/formats/gguf_reader.py,
 and uses its tables, so what is written is what the import reads back:
   - architecture: the HF family of cfg (hf_config.hf_family) as llama.cpp names it: llama
     (the built-in policy, SmolLM2, Llama 3.x), qwen2, qwen3. gemma3 is refused (its
@@ -42,13 +42,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from core.policy import gguf_reader
-from core.policy.config import ModelConfig
-from core.policy.gguf_tokenizer import CONTROL, PRE_TOKENIZERS, USER_DEFINED, build_tokenizer, bytes_to_unicode
-from core.policy.hf_config import hf_family
-from core.policy.hf_export import checked_params
-from core.policy.hf_keys import slots
-from core.policy.tokenizer import ByteTokenizer, Tokenizer
+from core.policy.formats import gguf_reader
+from core.policy.formats.hf_config import hf_family
+from core.policy.formats.hf_export import checked_params
+from core.policy.formats.hf_keys import slots
+from core.policy.model.config import ModelConfig
+from core.policy.text.gguf_tokenizer import CONTROL, PRE_TOKENIZERS, USER_DEFINED, build_tokenizer, bytes_to_unicode
+from core.policy.text.tokenizer import ByteTokenizer, Tokenizer
 
 Q = gguf.GGMLQuantizationType
 # --gguf_type -> (ggml type of the 2-D weights, general.file_type)

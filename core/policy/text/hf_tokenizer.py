@@ -28,7 +28,7 @@ from typing import Any
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as RustTokenizer
 
-from core.policy.tokenizer import TEMPLATE_TOKEN_NAMES, Tokenizer
+from core.policy.text.tokenizer import TEMPLATE_TOKEN_NAMES, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"

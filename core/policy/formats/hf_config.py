@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.policy.config import FULL, ROPE_KINDS, SLIDING, ModelConfig, RopeConfig
+from core.policy.model.config import FULL, ROPE_KINDS, SLIDING, ModelConfig, RopeConfig
 
 FAMILIES = ("qwen2", "qwen3", "llama", "gemma3_text")
 ARCHITECTURES = {

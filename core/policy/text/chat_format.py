@@ -9,7 +9,7 @@ never re-tokenised, so the learner trains on exactly what the model wrote.
   - `ByteFormat` (the byte tokenizer): the project's own `<call NAME>ARGS</call>` /
     `<answer>TEXT</answer>` text (environments/tool_calls.py), as before.
   - `NativeFormat` (a checkpoint's tokenizer): the family's chat template and tool-call
-    syntax (core/policy/tool_call_formats.py). Every text it appends is cut out of the
+    syntax (core/policy/text/tool_call_formats.py). Every text it appends is cut out of the
     template's own renderings of small conversations, so any template of a supported style
     works; the template is probed once, at construction.
 
@@ -28,8 +28,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from core.policy.tokenizer import BYTE_TOKENIZER, ByteTokenizer, Tokenizer
-from core.policy.tool_call_formats import HERMES, LLAMA3, QWEN, ToolCallStyle, call_arguments
+from core.policy.text.tokenizer import BYTE_TOKENIZER, ByteTokenizer, Tokenizer
+from core.policy.text.tool_call_formats import HERMES, LLAMA3, QWEN, ToolCallStyle, call_arguments
 from environments.tool_calls import MAX_SCAN_CHARS, TURN_STOP_STRINGS, Action, FinalAnswer, Malformed, parse_action
 
 # Small conversations the template is probed with. The sentinel must survive rendering
@@ -66,7 +66,7 @@ class ChatFormat(abc.ABC):
 
     def stop_sequences(self) -> tuple[tuple[int, ...], ...]:
         """Token-id sequences that end a turn when the turn's ids end with one: what a
-        device may check between host round trips (core/policy/decode_loop.py). Speed only:
+        device may check between host round trips (core/policy/sampling/decode_loop.py). Speed only:
         `is_turn_end` stays the judge, and may end a turn where none of these does."""
         return ()
 

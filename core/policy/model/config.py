@@ -1,7 +1,7 @@
 """The policy model's typed, self-validating config, and the named sizes.
 
 One config describes every family the model code runs: the built-in byte-level policy
-(the defaults) and the Hugging Face families read by core/policy/hf_config.py (Qwen2/2.5,
+(the defaults) and the Hugging Face families read by core/policy/formats/hf_config.py (Qwen2/2.5,
 Qwen3, Llama 3.x, Gemma 3 text). Each field that is not a plain size switches on one
 feature; its default is what the built-in policy does, so the built-in configs build
 exactly the modules and numerics they always had.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from core.config import configclass, derived
-from core.policy import tokenizer
+from core.policy.text import tokenizer
 
 ROPE_KINDS = ("default", "linear", "llama3")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")

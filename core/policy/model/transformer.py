@@ -3,9 +3,9 @@
 Attention is causal *and* restricted to the query's own segment, and RoPE uses the
 per-segment positions, so a trajectory scores the same alone or packed with others.
 Given a bound on segment length (`span`), long rows compute only the band of keys a
-query can see (core/policy/banded_attention.py) instead of the dense [T, T] mask.
+query can see (core/policy/model/banded_attention.py) instead of the dense [T, T] mask.
 
-One implementation serves every family in core/policy/config.py: the built-in byte-level
+One implementation serves every family in core/policy/model/config.py: the built-in byte-level
 policy and the Hugging Face checkpoints (Qwen2/2.5, Qwen3, Llama 3.x, Gemma 3 text). A
 module that only some family has (biases, q/k norms, a separate lm_head, Gemma's extra
 norms) exists only when the config asks for it, so the built-in param tree is unchanged.
@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from core.policy.banded_attention import Band, band_block, banded_attention
-from core.policy.config import SLIDING, ModelConfig
-from core.policy.rope import apply_rope, inverse_frequencies, rope_table
-from core.policy.splash_attention import Segments, splash_attention
+from core.policy.model.banded_attention import Band, band_block, banded_attention
+from core.policy.model.config import SLIDING, ModelConfig
+from core.policy.model.rope import apply_rope, inverse_frequencies, rope_table
+from core.policy.model.splash_attention import Segments, splash_attention
 
 # How a training forward attends: "xla" (the dense segment-causal mask, or the band where
 # segments are short) or "splash" (Pallas' flash kernel with segment ids: TPU).
@@ -280,14 +280,14 @@ class Transformer(nnx.Module):
         """tokens, segment_ids, positions: int [B, T] -> logits float32 [B, T, vocab].
 
         span: a bound on every segment's length (static). Given, and the rows long enough
-        that it pays, attention is banded (core/policy/banded_attention.py; `block`: its
+        that it pays, attention is banded (core/policy/model/banded_attention.py; `block`: its
         query block size, default there): the same logits wherever a token is not padding,
         provided no segment is longer than span. None: the dense segment-causal mask."""
         return self.head(self.hidden(tokens, segment_ids, positions, span, block))
 
     def hidden(self, tokens, segment_ids, positions, span=None, block=None, remat: bool = False, attention="xla"):
         """The final-normed hidden states [B, T, d] that `head` projects to logits (a loss
-        can project them a chunk at a time: core/policy/logprobs.py). remat: each layer's
+        can project them a chunk at a time: core/policy/model/logprobs.py). remat: each layer's
         activations are recomputed in the backward pass instead of kept, so a step keeps
         one [B, T, d] per layer (jax.checkpoint), not every intermediate. attention: one
         of ATTENTION_IMPLS ("splash": the flash kernel, exact for any span). The compute

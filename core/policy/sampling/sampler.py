@@ -3,7 +3,7 @@
 One call feeds each slot a chunk of up to P known tokens (prompt, environment output,
 or the token it sampled last) into its KV cache and samples the token that follows the
 last valid one. Shapes compiled: every slot with P = 1 (`step`), or up to K such steps
-fed back on the device (`decode_loop`, core/policy/decode_loop.py), and `prefill_slots`
+fed back on the device (`decode_loop`, core/policy/sampling/decode_loop.py), and `prefill_slots`
 chosen slots with P = `prefill` (`prefill_rows`) for catching up on prompts and
 observations. On an accelerator a decode call reads only the filled part of the cache:
 the smallest of a few static lengths (`windows`) covering it, one compiled variant each,
@@ -30,9 +30,9 @@ import numpy as np
 from flax import nnx
 
 from core import heap
-from core.policy import decode_loop
-from core.policy.config import ModelConfig
-from core.policy.model import abstract_model, split_params
+from core.policy.model.config import ModelConfig
+from core.policy.model.transformer import abstract_model, split_params
+from core.policy.sampling import decode_loop
 
 DTYPES = ("auto", "float32", "bfloat16")
 # Decode steps per device call on an accelerator (decode_steps 0, auto); a CPU runs one: its

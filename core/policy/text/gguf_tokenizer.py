@@ -2,7 +2,7 @@
 
 A GGUF carries no tokenizer.json: llama.cpp stores the vocabulary, merges, token types and
 a pre-tokenizer name, and its own tokenizer code gives them meaning. This rebuilds that
-meaning as an HF `tokenizers` pipeline (what core/policy/hf_tokenizer.py then loads):
+meaning as an HF `tokenizers` pipeline (what core/policy/text/hf_tokenizer.py then loads):
   - "gpt2" (byte-level BPE: Llama 3, SmolLM, Qwen): BPE over the byte alphabet, split the way
     llama.cpp splits for the `tokenizer.ggml.pre` name (PRE_TOKENIZERS; any other refused).
   - "llama" (SentencePiece BPE: Gemma, Llama 2): spaces as "▁", byte fallback, merges

@@ -2,7 +2,7 @@
 
 A policy's tokenizer is either the built-in byte tokenizer (every UTF-8 byte is a token,
 plus a few specials: no vocabulary file to keep in sync between rollout workers and the
-learner) or a Hugging Face checkpoint's (`core.policy.hf_tokenizer`). Code that holds a
+learner) or a Hugging Face checkpoint's (`core.policy.text.hf_tokenizer`). Code that holds a
 `Tokenizer` never needs to know which: `load_tokenizer` picks one.
 
 The module-level `encode`, `decode`, `BOS`, `EOS`, `VOCAB_SIZE` are the byte tokenizer's,
@@ -87,7 +87,7 @@ class Tokenizer(abc.ABC):
         tokenize=False)` renders it. `tools` is HF's format: [{"type": "function",
         "function": {"name", "description", "parameters"}}]; `template_vars` reach the
         template as variables (e.g. `enable_thinking=False`) and override special tokens."""
-        from core.policy import chat_template  # jinja2 only when a chat is rendered
+        from core.policy.text import chat_template  # jinja2 only when a chat is rendered
 
         template = self._select_template(tools)
         variables = {**self.template_tokens, **template_vars}
@@ -173,6 +173,6 @@ def load_tokenizer(source: str | Path | None) -> Tokenizer:
     path = Path(source)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer {str(source)!r}: not 'byte' and not a checkpoint directory")
-    from core.policy.hf_tokenizer import HFTokenizer  # `tokenizers` only for a checkpoint
+    from core.policy.text.hf_tokenizer import HFTokenizer  # `tokenizers` only for a checkpoint
 
     return HFTokenizer(path)

@@ -1,7 +1,7 @@
 """Native tool-call syntaxes: how a model family writes a call, gets a tool's result back,
 and how one turn of its text becomes an environment `Action`.
 
-Three styles (core/policy/chat_format.py picks one from the chat template's text):
+Three styles (core/policy/text/chat_format.py picks one from the chat template's text):
   - "qwen" (Qwen2.5, Qwen3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
     in the assistant turn, results in the template's `tool` role; Qwen3's
     `<think>...</think>` is dropped before parsing.

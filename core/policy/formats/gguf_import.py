@@ -19,8 +19,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from core.policy.gguf_reader import GGUFModel, read_gguf
-from core.policy.gguf_tokenizer import build_tokenizer, tokenizer_json
+from core.policy.formats.gguf_reader import GGUFModel, read_gguf
+from core.policy.text.gguf_tokenizer import build_tokenizer, tokenizer_json
 from core.staged_dir import refuse_non_empty, staged_dir
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}

@@ -2,7 +2,7 @@
 
 One call per token costs a host round trip per token (dispatch, a sync on the sampled
 ids, Python over the slots), which on an accelerator is most of a step. Here every slot
-with a budget feeds its last token, samples the next (core/policy/draw.py, the key split
+with a budget feeds its last token, samples the next (core/policy/sampling/draw.py, the key split
 exactly as K successive one-token calls split it), feeds that one back, and so on, all on
 the device; [S, K] ids and log-probs come back in one transfer.
 
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from core.policy import draw
+from core.policy.sampling import draw
 
 # The stop sequences' fixed shape (one compiled variant): at most STOP_ROWS sequences of
 # at most STOP_LEN ids. A longer sequence keeps its last STOP_LEN ids (the device may then

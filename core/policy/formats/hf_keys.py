@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from core.policy.config import ModelConfig
-from core.policy.hf_config import hf_family
+from core.policy.formats.hf_config import hf_family
+from core.policy.model.config import ModelConfig
 
 _TOP = {
     ("embed", "embedding"): ("model.embed_tokens.weight",),

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.policy.config import SLIDING, ModelConfig
+from core.policy.model.config import SLIDING, ModelConfig
 
 
 def count_params(cfg: ModelConfig) -> int:
-    """The parameters core/policy/model.py builds for cfg (tests check it against the model)."""
+    """The parameters core/policy/model/transformer.py builds for cfg (tests check it against the model)."""
     d, hd, q, kv = cfg.d_model, cfg.head_dim, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     attn = d * q + 2 * d * kv + q * d + ((q + 2 * kv) if cfg.qkv_bias else 0) + (2 * hd if cfg.qk_norm else 0)
     norms = (4 if cfg.sandwich_norms else 2) * d

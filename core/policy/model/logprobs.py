@@ -22,7 +22,7 @@ def token_logprobs_and_entropy(head, hidden: jax.Array, tokens: jax.Array, chunk
     """hidden [B, T, d] (final-normed), tokens int [B, T], head: [..., d] -> [..., vocab]
     float32 logits. Returns (logp, entropy), both [B, T]: logp[:, t] is the log-prob of
     tokens[:, t] given the prefix (read from position t - 1; 0 at t = 0), entropy[:, t]
-    that distribution's entropy (0 at t = 0), as core.policy.model.token_logprobs."""
+    that distribution's entropy (0 at t = 0), as core.policy.model.transformer.token_logprobs."""
     b, t, d = hidden.shape
     n = b * (t - 1)  # every position but a row's last predicts the next token
     h = hidden[:, :-1].reshape(n, d)
