@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE.parent))
 
 SITE = "/tmp/site"
 INDEX = "/opt/pypi/simple"
-PACKAGES = ("flax>=0.12,<0.13", "optax>=0.2.5", "orbax-checkpoint>=0.11", "safetensors", "google-api-core")
+PACKAGES = ("flax>=0.12,<0.13", "optax>=0.2.5", "orbax-checkpoint>=0.11", "safetensors", "google-api-core", "zstandard")
 PACKAGES += ("google-auth",)
 SECTIONS = ("peak", "learner", "engine")  # and "profile": where one learner case's step time goes
 # The vendor's figures per device kind (localstack/launch/accelerators.py has the sources).
@@ -43,13 +43,14 @@ VENDOR = {"TPU v5 lite": ("v5e", 197e12, 819e9), "TPU v5e": ("v5e", 197e12, 819e
 
 
 def ensure_packages() -> None:
-    """flax and optax from the machine's own index when they are missing (the TPU machine
+    """flax, optax and zstandard from the machine's own index when they are missing (the TPU machine
     has JAX and nothing of the project's)."""
     if SITE not in sys.path and os.path.isdir(SITE):
         sys.path.append(SITE)
     try:
         import flax  # noqa: F401
         import optax  # noqa: F401
+        import zstandard  # noqa: F401  (delta policy versions: core/contracts/store_delta.py)
     except ImportError:
         if not os.path.isdir(INDEX):
             raise SystemExit("flax and optax are missing: install the project (pip install -e .) first") from None
