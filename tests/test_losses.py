@@ -3,6 +3,7 @@ Dr. GRPO), the clipped PPO loss, its metrics and gradient, and entropy. The off-
 losses (aggregation, GSPO, TIS, decoupled PPO, KL) are in test_losses_offpolicy.py."""
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -256,3 +257,14 @@ def test_entropy_uses_logits_one_step_before_the_masked_token():
     assert float(entropy(jnp.asarray(logits), mask)) == pytest.approx(expected, abs=1e-5)
     # A mask only on the first token has nothing before it: entropy is 0, not NaN.
     assert float(entropy(jnp.asarray(logits), jnp.asarray([[1, 0, 0, 0]], jnp.uint8))) == 0.0
+
+
+def test_grpo_divides_by_the_std_plus_eps_and_an_empty_group_warns_nothing():
+    """Mutation testing (make mutation) found both unchecked."""
+    want = np.float32(0.5 / (0.5 + 1e-6))
+    np.testing.assert_array_equal(grpo_advantages([0.0, 1.0]), [-want, want])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's std of nothing would warn (and give nan)
+        for estimator in ADVANTAGE_ESTIMATORS.values():
+            out = estimator([])
+            assert out.shape == (0,) and out.dtype == np.float32

@@ -48,7 +48,7 @@ def test_pass_at_1_is_the_mean_pass_at_n_any_correct_and_k_never_lowers_it(n, da
 
 
 def test_ks_are_the_powers_of_two_up_to_n_and_n():
-    assert ks_for(1) == [1] and ks_for(8) == [1, 2, 4, 8] and ks_for(6) == [1, 2, 4, 6]
+    assert [ks_for(n) for n in (-1, 0, 1, 2, 3, 6, 8)] == [[], [], [1], [1, 2], [1, 2, 3], [1, 2, 4, 6], [1, 2, 4, 8]]
 
 
 def test_bad_counts_are_refused():
@@ -148,3 +148,18 @@ def test_only_the_first_version_is_swept_and_the_modes_are_never_changed():
     for bad in ("0,0.5", "-1", "hot"):
         with pytest.raises(SystemExit):
             sweep_temperatures(bad)
+
+
+# Mutation testing (make mutation) found these unchecked: the refusal's words and the
+# standard error of exactly two tasks.
+
+
+def test_an_impossible_count_is_refused_naming_the_rule():
+    for n, c, k in [(4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, 5)]:
+        with pytest.raises(ValueError, match=rf"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}"):
+            pass_at_k(n, c, k)
+
+
+def test_the_standard_error_of_two_tasks_is_their_sample_spread():
+    assert standard_error([0.0, 1.0]) == pytest.approx(0.5)  # sd (ddof 1) 0.707 / sqrt(2)
+    assert standard_error([1.0]) == 0.0 and standard_error([]) == 0.0

@@ -229,3 +229,18 @@ def test_records_without_digests_still_decode():
     stripped = rewrite_header(data, lambda h: [t.pop("digest") for t in h["trajectories"]])
     assert_same(R.decode(stripped), rec)
     raises("digest must be a str", R.decode, rewrite_header(data, lambda h: h["trajectories"][0].update(digest=7)))
+
+
+def test_refusals_name_what_is_wrong():
+    """Mutation testing (make mutation) found these two messages unchecked."""
+    data = R.encode(make_record(2, 2, 32))
+    raises(
+        r"header contains NaN, not valid JSON here",
+        R.decode,
+        rewrite_header(data, lambda h: h.update({"note": float("nan")})),  # json.dumps writes NaN
+    )
+    raises(
+        r"trajectory entry must have exactly the TrajectoryInfo fields, got \{.*'extra': 1",
+        R.decode,
+        rewrite_header(data, lambda h: h["trajectories"][0].update({"extra": 1})),
+    )

@@ -56,3 +56,41 @@ def test_synchronous_baseline_bounds():
 def test_config_refuses_settings_that_cannot_work(kwargs):
     with pytest.raises(ValueError):
         StalenessConfig(**kwargs)
+
+
+# Mutation testing (make mutation) found these unchecked: counters that must add up over
+# many records, the bounds' edges, and a record with nothing generated.
+
+
+def test_drops_and_the_histogram_add_up_over_records():
+    ctl = StalenessControl(StalenessConfig(max_staleness=1))
+    stale = [record_of_version(2, seed) for seed in range(3)]
+    assert ctl.admit(record_of_version(9), 10) and ctl.admit(record_of_version(9, 1), 10)
+    assert not any(ctl.admit(r, 10) for r in stale[:2]) and not ctl.admit_again(stale[2], 10)
+    assert ctl.histogram == {1: 2}
+    assert ctl.dropped_records == 3
+    assert ctl.dropped_trajectories == sum(len(r.trajectories) for r in stale) > 3
+
+
+def test_a_record_with_no_generated_token_is_never_stale():
+    rec = record_of_version(3)
+    rec.loss_mask[:] = 0  # a prompt-only record: no token has a generating version
+    assert StalenessControl.staleness(rec, 10) == 0
+    assert StalenessControl.staleness(record_of_version(3), 10) == 7
+
+
+def test_the_mean_bound_waits_only_above_it_and_counts_every_wait():
+    ctl = StalenessControl(StalenessConfig(max_staleness=4, max_mean_staleness=2.0))
+    v9, v7, v6 = record_of_version(9), record_of_version(7), record_of_version(6)
+    assert not ctl.should_wait([v9, v7], 10)  # mean (1 + 3) / 2 = 2: at the bound, trains
+    assert ctl.should_wait([v7, v6], 10) and ctl.should_wait([v6], 10)  # 3.5, 4
+    assert ctl.waits == 2
+
+
+@pytest.mark.parametrize("mean, ok", [(0.0, True), (3.0, True), (-0.5, False), (3.5, False)])
+def test_the_mean_bound_lies_between_zero_and_max_staleness_inclusive(mean, ok):
+    if ok:
+        assert StalenessConfig(max_staleness=3, max_mean_staleness=mean).max_mean_staleness == mean
+    else:
+        with pytest.raises(ValueError, match=r"max_mean_staleness must lie in \[0, max_staleness=3\]"):
+            StalenessConfig(max_staleness=3, max_mean_staleness=mean)

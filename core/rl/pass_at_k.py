@@ -34,7 +34,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def ks_for(n: int) -> list[int]:
     """1, 2, 4, ... up to n, and n itself."""
-    ks = [1 << i for i in range(max(n, 1).bit_length()) if 1 << i <= n]
+    ks = [1 << i for i in range(max(n, 0).bit_length())]  # powers of two, the last <= n
     return ks if not ks or ks[-1] == n else [*ks, n]
 
 
