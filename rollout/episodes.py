@@ -185,6 +185,7 @@ def _trajectory(o: _Outcome, trajectory_id: str, request_id: str, task: Task, ad
         status=o.status,
         advantage=advantage,
         env_latency_s=o.env_latency_s,
+        tool_wait_s=float(o.info.get("tool_latency_s", 0.0)),
         num_turns=o.turns,
         finished_at=finished_at,
         sampled_digest=token_digest(tokens, mask),

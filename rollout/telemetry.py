@@ -53,6 +53,8 @@ class RolloutTelemetry:
                 ms = t.env_latency_s * 1000
                 self._window["env_latency_ms"].append(ms)
                 self.latency_hist[int(np.searchsorted(LATENCY_EDGES_MS, ms, side="right"))] += 1
+                if t.tool_wait_s > 0:  # episodes that called a tool: what the tools made them wait
+                    self._window["tool_wait_ms"].append(t.tool_wait_s * 1000)
                 self._window["reward"].append(t.reward)
 
     def on_record(self, fill: float, latency_ms: int | None, reason: str, trajectories: int = 0) -> None:

@@ -123,8 +123,10 @@ def test_scalars_reach_tensorboard_and_jsonl_alike(tmp_path):
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
 
 
-def _traj(status="finished", generated=10, latency_s=0.3, reward=1.0):
-    return SimpleNamespace(status=status, loss_mask=np.ones(generated), env_latency_s=latency_s, reward=reward)
+def _traj(status="finished", generated=10, latency_s=0.3, reward=1.0, tool_wait_s=0.0):
+    return SimpleNamespace(
+        status=status, loss_mask=np.ones(generated), env_latency_s=latency_s, reward=reward, tool_wait_s=tool_wait_s
+    )
 
 
 WRITE_SCALARS_THEN_TORCH = """
@@ -158,7 +160,7 @@ def test_rollout_rows_turn_counts_into_rates_and_a_latency_histogram():
     tel = RolloutTelemetry(writer, trace.NULL, clock=lambda: now[0])
     busy = [0.0]
     tel.source = lambda: {"policy_version": 3, "engine_busy_s": busy[0]}
-    tel.on_group([_traj(latency_s=0.005), _traj(latency_s=0.3), _traj("truncated", latency_s=50.0)])
+    tel.on_group([_traj(latency_s=0.005), _traj(latency_s=0.3, tool_wait_s=0.25), _traj("truncated", latency_s=50.0)])
     tel.on_record(0.75, 400, "max_wait")
     now[0], busy[0] = 102.0, 1.0
     tel.write_row()
@@ -173,6 +175,8 @@ def test_rollout_rows_turn_counts_into_rates_and_a_latency_histogram():
     hist = row["rollout/env_latency_hist"]
     assert hist["edges_ms"] == list(LATENCY_EDGES_MS) and sum(hist["counts"]) == 3
     assert hist["counts"][0] == 1 and hist["counts"][-1] == 1  # 5 ms and 50 s: the two ends
+    # The tools' declared waits count only episodes that called one: 250 ms, not diluted by the others.
+    assert row["rollout/tool_wait_ms_p50"] == 250 and row["rollout/tool_wait_ms_p95"] == 250
     now[0] = 104.0
     tel.write_row()  # nothing new: rates fall to zero, cumulative counts stay
     _, row = rows[-1]

@@ -30,7 +30,8 @@ class Trajectory:
     reward: float
     status: str  # environments.EpisodeStatus value
     advantage: float = 0.0  # set once the whole group is complete
-    env_latency_s: float = 0.0
+    env_latency_s: float = 0.0  # wall time in env steps: the tools' waits plus the env's own work
+    tool_wait_s: float = 0.0  # the waits the tools declared (injected latency), free of host load
     num_turns: int = 0
     finished_at: float = 0.0  # wall clock (time.time()) when the episode ended: flush latency
     sampled_digest: str = ""  # token_digest of what the episode sampled ("" : computed at packing)
