@@ -10,6 +10,7 @@ intact ones (`load` checks every file against the version's checksum manifest).
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -46,6 +47,8 @@ class PolicyHandle:
         self._last_poll = float("-inf")
         self.current: tuple[nnx.State, int] | None = None  # swapped as one reference
         self.reloads = 0
+        # Cumulative, by what was read (full or delta): reloads, bytes fetched, seconds.
+        self.reload_totals: collections.Counter = collections.Counter()
         self.failed_loads = 0
         self.checksum_failures = 0  # of failed_loads: files that differ from their manifest (corruption)
 
@@ -98,4 +101,9 @@ class PolicyHandle:
             return False
         self.current = (state, latest)
         self.reloads += 1
+        load = self._loader.last_load or {}
+        kind = load.get("kind", "full")
+        self.reload_totals[f"{kind}_n"] += 1
+        self.reload_totals[f"{kind}_bytes"] += int(load.get("bytes") or 0)
+        self.reload_totals[f"{kind}_s"] += float(load.get("seconds") or 0.0)
         return True

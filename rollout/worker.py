@@ -79,6 +79,7 @@ class RolloutWorker:
             "policy_reloads": self.policy.reloads,
             "policy_reload_failures": self.policy.failed_loads,
             "policy_checksum_failures": self.policy.checksum_failures,
+            **{f"policy_reload_{k}": round(v, 4) for k, v in self.policy.reload_totals.items()},
             "groups_in_flight": self.groups_in_flight,
             "groups_queued": self.groups_queued,
             "episodes_in_flight": self.episodes_in_flight,

@@ -26,6 +26,7 @@ from core.policy.model.lora import LoraConfig
 from core.policy.model.transformer import abstract_model, abstract_tree, split_params
 from core.policy.versions import VersionLoader, base_params
 from localstack.fixtures.tiny_checkpoint import write_tiny_checkpoint
+from rollout.policy_poller import PolicyHandle
 from trainer.learning.persistence.publisher import PolicyPublisher
 from trainer.learning.step.learner import Learner, LearnerConfig
 
@@ -299,6 +300,24 @@ def test_the_publisher_writes_deltas_and_a_loader_applies_them_to_the_base_it_ho
     fresh.load(4)
     assert not fresh.last_load["base_read"] and fresh.last_load["bytes"] < 0.2 * full_bytes
     assert fresh.last_load["seconds"] > 0
+
+
+def test_a_rollout_worker_counts_what_each_reload_read_full_against_delta(tmp_path):
+    tiny = model_config("tiny")
+    learner = Learner(tiny, LearnerConfig(batch_records=1))
+    store = PolicyStore(str(tmp_path / "store"))
+    publisher = PolicyPublisher(store, learner, None, version=-1, dtype=jnp.bfloat16, delta_every=3)
+    handle = PolicyHandle(store, split_params(abstract_model(tiny))[1])
+    for v in range(3):
+        if v:
+            _perturb(learner, 0.03, v)
+        publisher.publish()
+        assert handle.maybe_reload(force=True) and handle.version == v
+    totals = handle.reload_totals  # what the worker's telemetry row reports as policy_reload_*
+    assert (totals["full_n"], totals["delta_n"]) == (1, 2), totals
+    assert totals["full_bytes"] == store.read_metadata(0)["bytes"]
+    assert totals["delta_bytes"] == sum(store.read_metadata(v)["bytes"] for v in (1, 2))
+    assert totals["delta_bytes"] < 0.2 * totals["full_bytes"] and totals["full_s"] > 0 and totals["delta_s"] > 0
 
 
 @pytest.fixture(scope="module")

@@ -78,6 +78,8 @@ class RunSummary:
     resumed_from_step: int | None = None
     warmstart_s: float = 0.0
     policy_versions_published: list[int] = dataclasses.field(default_factory=list)
+    # What each published version cost on storage: {"version", "kind": "full"|"delta", "bytes", "seconds"}.
+    policy_version_writes: list[dict] = dataclasses.field(default_factory=list)
     trained_record_ids: list[str] = dataclasses.field(default_factory=list)
     # Records and their contents.
     records_consumed: int = 0

@@ -94,6 +94,7 @@ class RunStats:
             warmstart_s=start.warmstart_s,
             trained_record_ids=sorted(self.trained_ids),
             policy_versions_published=list(publisher.published),
+            policy_version_writes=list(publisher.writes),
             records_consumed=self.records,
             records_rejected=consumer.rejected,
             records_duplicate=consumer.duplicates,
