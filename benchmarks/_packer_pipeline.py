@@ -32,6 +32,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from core import config
 from core.config import configclass, knob
 from core.contracts import records
+from core.contracts.record_shape import RecordLayout
 from core.contracts.rollout_request import HEARTBEAT_ATTRIBUTE
 from localstack.launch.plan import synthetic_trajectory
 from pipelines.pack_transform import PackTrajectoryGroups
@@ -74,13 +75,8 @@ def main(argv=None) -> None:
     args = config.from_namespace(PackerPipelineConfig, ns)
     options = PipelineOptions(beam_argv)
     options.view_as(StandardOptions).streaming = True
-    cfg = PackingConfig(
-        buckets=(args.seq_len,),
-        rows=args.rows,
-        max_segments_per_row=args.max_segments_per_row,
-        max_wait_s=args.max_wait_s,
-        window_s=args.window_s,
-    )
+    cfg = PackingConfig(max_wait_s=args.max_wait_s, window_s=args.window_s)
+    layout = RecordLayout((args.seq_len,), args.rows, args.max_segments_per_row)
     if args.heartbeat_s > 0:
         from pipelines.job import start_heartbeat
 
@@ -90,7 +86,7 @@ def main(argv=None) -> None:
             p
             | "Read" >> beam.io.ReadFromPubSub(subscription=args.input_subscription, with_attributes=True)
             | "ParseGroups" >> beam.ParDo(ParseGroupFn())
-            | "Pack" >> PackTrajectoryGroups(cfg, keep_flush_info=True)
+            | "Pack" >> PackTrajectoryGroups(cfg, layout, keep_flush_info=True)
             | "ToMessages" >> beam.Map(to_message)
             | "Write" >> beam.io.WriteToPubSub(args.output_topic, with_attributes=True)
         )

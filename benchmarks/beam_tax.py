@@ -37,6 +37,7 @@ from _utilization_modes import rollout_alone
 import environments
 from core import config
 from core.config import configclass, knob
+from core.contracts.record_shape import RecordLayout
 from core.contracts.store import PolicyStore
 from core.policy.sampling.sampler import Sampler
 from core.policy.sources import policy_spec
@@ -44,6 +45,8 @@ from core.policy.versions import VersionLoader
 from rollout.engine import InferenceEngine
 from rollout.engine_config import EngineConfig
 from rollout.episodes import run_group
+
+MAX_TOKENS = RecordLayout().trajectory_len  # the rollout job's default trajectory cap
 
 
 @configclass
@@ -82,7 +85,7 @@ def _engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
     sampler = Sampler(
         spec.cfg,
         engine_cfg.slots,
-        engine_cfg.max_tokens,
+        MAX_TOKENS,
         prefill=engine_cfg.prefill,
         prefill_slots=engine_cfg.prefill_slots,
     )
@@ -90,7 +93,7 @@ def _engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
     version = store.latest_version()
     params, _ = VersionLoader(store, spec.cfg, sampler.abstract_params).load(version)
     sampler.warmup(params)
-    engine = InferenceEngine(sampler, lambda: (params, version), engine_cfg.max_tokens)
+    engine = InferenceEngine(sampler, lambda: (params, version), MAX_TOKENS)
     tasks = environments.make_tasks(cfg.env, 7, 2000, "train")  # the job's feeder draws the same
     counts = {"trajectories": 0, "tokens": 0}
     clock: dict[str, float] = {}
@@ -100,7 +103,7 @@ def _engine_alone(cfg: BeamTaxConfig, engine_cfg: EngineConfig) -> dict:
         i = k
         while "end" not in clock:
             envs = [environments.make(cfg.env, tool_latency=cfg.tool_latency) for _ in range(cfg.group_size)]
-            group = await run_group(engine, envs, tasks[i % len(tasks)], f"r{i}", engine_cfg.limits)
+            group = await run_group(engine, envs, tasks[i % len(tasks)], f"r{i}", engine_cfg.limits(MAX_TOKENS))
             i += engine_cfg.max_concurrent_groups
             now = time.monotonic()
             clock.setdefault("first", now)
@@ -172,7 +175,7 @@ def rollout_job(cfg: BeamTaxConfig, flags: list[str]) -> tuple[dict, dict | None
 def main(argv=None) -> int:
     stop_children_on_exit()
     cfg = config.parse(BeamTaxConfig, argv, description=__doc__, prog="benchmarks/beam_tax.py")
-    engine_cfg = EngineConfig(policy_root=cfg.init_policy)  # the rollout job's defaults
+    engine_cfg = EngineConfig()  # the rollout job's defaults
     results = {"machine": machine_info(), "load_start": loadavg(), "args": dataclasses.asdict(cfg), "modes": {}}
     modes = cfg.modes.split(",")
     if "engine" in modes:

@@ -78,14 +78,13 @@ def main(argv=None) -> int:
         learning_rate=a.lr,
         direct_frac=a.direct_frac,
         tasks=a.tasks,
-        max_seq_len=a.max_tokens,
         schedule=a.schedule,
         warmup_steps=a.warmup,
         oracle=a.oracle,
     )
     t0 = time.monotonic()
     params, losses = (
-        warm_start(graphdef, params, a.env, demos, ws, fmt, frozen, env_config=env_config)
+        warm_start(graphdef, params, a.env, demos, ws, fmt, frozen, env_config=env_config, seq_len=a.max_tokens)
         if a.steps
         else (params, [float("nan")])
     )

@@ -52,7 +52,7 @@ from localstack.launch.demo import run_local
 from localstack.launch.demo_config import DemoConfig, parse_args
 from localstack.launch.plan import PlanConfig
 from trainer.learning.capacity import Measurements, make_plan
-from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.data.feeder import CreditConfig, CreditWindow
 
 # name -> (staleness bound of the plan, "planner" for its own, or None for sync; demo flags on top)
 SETTINGS: dict[str, tuple[float | str | None, dict]] = {
@@ -104,7 +104,9 @@ def replan(base: dict, bound: float, publish_every: int, path: Path) -> Path:
     `bound` versions; written to `path` in the planner's format (what the demo reads)."""
     m = Measurements(**base["measurements"])
     layout = config.build(PlanConfig).layout.layout  # the demo's default layout, as the planner's
-    credits = CreditConfig(0, m.batch_records, layout.largest, DemoConfig.group_size)
+    credits = CreditWindow(
+        CreditConfig(max_batches_ahead=0, group_size=DemoConfig.group_size), m.batch_records, layout.largest
+    )
     p = make_plan(
         m,
         target_duty=base["plan"]["target_duty"],

@@ -260,13 +260,12 @@ def from_namespace(cls, ns, prefix: str = "", base=None):
     """The tree of `cls` from parsed flags (a Namespace, a Beam options view or a dict by
     dest); absent flags keep their default (or `base`'s). Sections are built bottom up, so
     every check runs; text values parse as on the command line (Beam keeps some as text).
-    A class's `derive_section(name, built)` fills a section's derived fields from those
-    built before it, so a section is checked once, with its real values."""
+    A section holds only what is set on it."""
     values = vars(ns) if not isinstance(ns, dict) else ns
     return _build(cls, values, prefix, (), base)
 
 
-def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base, fill=None):
+def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base):
     hints = _hints(cls)
     by_path = {leaf.path: leaf for leaf in leaves(cls, prefix, path, base=base)}
     kwargs = {}
@@ -276,9 +275,7 @@ def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base, fill=Non
         if f.metadata.get(_SECTION):
             sub_base = getattr(base, f.name) if base is not None else f.default_factory()
             sub_prefix = prefix + f.metadata.get(_PREFIX, "")
-            derive = getattr(cls, "derive_section", None)
-            sub_fill = derive(f.name, kwargs) if derive is not None else None
-            kwargs[f.name] = _build(hints[f.name], values, sub_prefix, path + (f.name,), sub_base, sub_fill)
+            kwargs[f.name] = _build(hints[f.name], values, sub_prefix, path + (f.name,), sub_base)
             continue
         leaf = by_path.get(path + (f.name,))
         if leaf is not None and leaf.dest in values:
@@ -288,7 +285,6 @@ def _build(cls, values: dict, prefix: str, path: tuple[str, ...], base, fill=Non
             elif isinstance(value, str) and base_type(leaf.type)[0] is not str:
                 value = parse_value(value, leaf.type)
             kwargs[f.name] = value
-    kwargs.update(fill or {})
     try:
         return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
     except KnobError as e:  # name the flag as the user types it: the section's prefix too

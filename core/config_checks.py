@@ -8,6 +8,8 @@ the class's own `__post_init__`, which is left with the rules that relate fields
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 import types
 import typing
@@ -23,9 +25,9 @@ _COMPARE = {
 
 
 def configclass(cls=None, /, **dataclass_kw):
-    """`@dataclasses.dataclass(frozen=True)` whose construction first checks every knob's
-    type, choices and bounds (`check_fields`), then hands its shared sections to the
-    sections it holds (`share_sections`), then runs the class's own `__post_init__`
+    """`@dataclasses.dataclass(frozen=True)` whose construction hands its shared sections to
+    the sections it holds before they are stored (`shared_into`), then checks every knob's
+    type, choices and bounds (`check_fields`), then runs the class's own `__post_init__`
     (cross-field rules only). Any construction path: flags, `build`, a direct call,
     `dataclasses.replace`."""
 
@@ -34,14 +36,36 @@ def configclass(cls=None, /, **dataclass_kw):
 
         def __post_init__(self):
             check_fields(self)
-            share_sections(self)
             if own is not None:
                 own(self)
 
         cls.__post_init__ = __post_init__
-        return dataclasses.dataclass(frozen=True, **dataclass_kw)(cls)
+        cls = dataclasses.dataclass(frozen=True, **dataclass_kw)(cls)
+        if any(f.metadata.get(_SHARED) for f in dataclasses.fields(cls)):
+            cls.__init__ = _sharing_init(cls, cls.__init__)
+        return cls
 
     return wrap if cls is None else wrap(cls)
+
+
+def _sharing_init(cls, init):
+    """The dataclass's __init__, given every value with the shared sections already in the
+    held ones: nothing is rewritten after construction."""
+    signature = inspect.signature(init)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        values = dict(signature.bind(self, *args, **kwargs).arguments)
+        del values["self"]
+        for f in fields:
+            if f.name not in values and f.default_factory is not dataclasses.MISSING:
+                values[f.name] = f.default_factory()
+            elif f.name not in values and f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+        init(self, **shared_into(cls, values))
+
+    return __init__
 
 
 class KnobError(ValueError):
@@ -108,22 +132,19 @@ def _check_value(f, kind, item, whole) -> None:
             raise KnobError(_flag(f), f"must be {sign} {bound}, got {whole!r}")
 
 
-def share_sections(obj) -> None:
+def shared_into(cls, values: dict) -> dict:
     """A section declared `shared` is the one value of its type in the whole tree: every
-    section of that type inside `obj`'s other sections (at any depth) is replaced by it,
-    so a holder (the demo) sets the model, the environment or the layout once for every
-    process it holds. Replacing rebuilds each tree on the way, so its own checks and
-    derived fields see the shared value."""
-    shared = {
-        type(getattr(obj, f.name)): getattr(obj, f.name) for f in dataclasses.fields(obj) if f.metadata.get(_SHARED)
-    }
-    if not shared:
-        return
-    for f in dataclasses.fields(obj):
-        if f.metadata.get(_SECTION) and not f.metadata.get(_SHARED):
-            held = getattr(obj, f.name)
-            if (given := _given(held, shared)) is not held:
-                object.__setattr__(obj, f.name, given)
+    section of that type inside the other sections (at any depth) is replaced by it, so a
+    holder (the demo) sets the model, the environment or the layout once for every process
+    it holds. Replacing rebuilds each held tree on the way, so its own checks see the shared
+    value."""
+    fields = dataclasses.fields(cls)
+    shared = {type(values[f.name]): values[f.name] for f in fields if f.metadata.get(_SHARED) and f.name in values}
+    out = dict(values)
+    for f in fields:
+        if f.metadata.get(_SECTION) and not f.metadata.get(_SHARED) and f.name in out:
+            out[f.name] = _given(out[f.name], shared)
+    return out
 
 
 def _given(tree, shared: dict):

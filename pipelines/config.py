@@ -6,21 +6,20 @@
 Sections: `io` (where requests come from and records go), `layout` (the record layout,
 shared with the learner), `engine` (rollout/engine_config.py) and `packing`
 (pipelines/packing_config.py), plus the job's own `heartbeat_s`. The flags are flat and
-keep their names (`--engine_slots`, `--buckets`, `--window_s`). The engine's policy store
-and trajectory cap, and the packer's record shapes, are derived from `io` and `layout`:
-never flags, always consistent (`derive_section`). Beam's own flags (the runner, the
+keep their names (`--engine_slots`, `--buckets`, `--window_s`). A section holds only what
+is set on it: the workers take the policy store from `io` and the trajectory cap from
+`layout`, the packer its record shapes from `layout`, passed beside their sections where
+pipelines/job.py builds them. Beam's own flags (the runner, the
 project, --streaming) stay Beam's: pipelines/options.py registers this tree beside them
 and builds it from Beam's options (`rollout_config`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from core import config
 from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
-from pipelines.packing_config import PackingConfig
+from pipelines.packing_config import PackingConfig, check_records_fit_messages
 from rollout.engine_config import EngineConfig
 
 # Not argparse-required: Beam parses every registered options class for every pipeline in
@@ -55,25 +54,11 @@ class RolloutJobConfig:
         "thread, pipelines/direct_runner.py)",
     )
 
-    @classmethod
-    def derive_section(cls, name: str, built: dict) -> dict:
-        """The derived fields of section `name`, from the sections before it (core.config
-        calls this while building a tree from flags; __post_init__ for every other path)."""
-        if name == "engine":
-            # An episode must fit one record row.
-            return {"policy_root": built["io"].policy_root, "max_tokens": built["layout"].layout.trajectory_len}
-        if name == "packing":
-            layout = built["layout"].layout
-            return {"buckets": layout.buckets, "rows": layout.rows, "max_segments_per_row": layout.max_segments_per_row}
-        return {}
-
     def __post_init__(self):
-        built = {"io": self.io, "layout": self.layout}
-        for name in ("engine", "packing"):
-            want = self.derive_section(name, built)
-            current = getattr(self, name)
-            if any(getattr(current, k) != v for k, v in want.items()):
-                object.__setattr__(self, name, dataclasses.replace(current, **want))
+        """The rules that span sections (each section checks its own)."""
+        layout = self.layout.layout
+        self.engine.check_fits(layout.trajectory_len)  # an episode fits one record row
+        check_records_fit_messages(layout)
 
 
 def from_values(values) -> RolloutJobConfig:

@@ -38,13 +38,14 @@ DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRun
 
 def build(p: beam.Pipeline, options: PipelineOptions) -> None:
     cfg = rollout_config(options)
+    layout = cfg.layout.layout  # the workers' trajectory cap and the packer's record shapes
     parsed = (
         p
         | "ReadRequests" >> beam.io.ReadFromPubSub(subscription=cfg.io.requests_subscription, with_attributes=True)
         | "ParseRequests" >> beam.ParDo(ParseRequestFn()).with_outputs(DEAD_LETTER, main="requests")
     )
-    episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(cfg.engine)
-    packed = episodes["groups"] | "Pack" >> PackTrajectoryGroups(cfg.packing, drop_notices=True)
+    episodes = parsed.requests | "RunEpisodes" >> RunEpisodes(cfg.engine, cfg.io.policy_root, layout.trajectory_len)
+    packed = episodes["groups"] | "Pack" >> PackTrajectoryGroups(cfg.packing, layout, drop_notices=True)
     # Drop notices travel with the records: the learner returns their feeder credits.
     (
         (

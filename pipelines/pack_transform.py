@@ -28,7 +28,7 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
 from apache_beam.utils.timestamp import Duration, Timestamp
 
-from core.contracts.record_shape import RecordShape
+from core.contracts.record_shape import RecordLayout, RecordShape
 from core.contracts.records import PackedRecord
 from core.contracts.trajectory import Trajectory
 from core.telemetry import trace
@@ -36,7 +36,7 @@ from pipelines import bucketing
 from pipelines.dedup import DUPLICATES, DedupBy
 from pipelines.metrics import NAMESPACE
 from pipelines.packing import pack, take_full_records
-from pipelines.packing_config import PackingConfig
+from pipelines.packing_config import PackingConfig, check_records_fit_messages
 from rollout.telemetry import current as telemetry
 
 NS = NAMESPACE
@@ -273,14 +273,20 @@ class PackTrajectoryGroups(beam.PTransform):
     is packed)."""
 
     def __init__(
-        self, config: PackingConfig, clock: Clock = time.time, keep_flush_info: bool = False, drop_notices: bool = False
+        self,
+        config: PackingConfig,
+        layout: RecordLayout,
+        clock: Clock = time.time,
+        keep_flush_info: bool = False,
+        drop_notices: bool = False,
     ):
         super().__init__()
-        self.config, self.clock, self.keep_flush_info = config, clock, keep_flush_info
+        check_records_fit_messages(layout)
+        self.config, self.layout, self.clock, self.keep_flush_info = config, layout, clock, keep_flush_info
         self.drop_notices = drop_notices
 
     def expand(self, groups):
-        cfg, clock = self.config, self.clock
+        cfg, layout, clock = self.config, self.layout, self.clock
         kept = (
             groups
             | "GlobalWindowForDedup" >> beam.WindowInto(GlobalWindows())
@@ -303,7 +309,7 @@ class PackTrajectoryGroups(beam.PTransform):
                 content[DUPLICATES] | "ContentDuplicateNotices" >> beam.Map(lambda i: DropNotice("content_dedup", (i,)))
             )
         num_shards = cfg.num_shards
-        fitted = trajs | "FitToBuckets" >> beam.ParDo(FitToBucketsFn(cfg.buckets, cfg.overlong)).with_outputs(
+        fitted = trajs | "FitToBuckets" >> beam.ParDo(FitToBucketsFn(layout.buckets, cfg.overlong)).with_outputs(
             DROPPED, main="fitted"
         )
         records = (
@@ -315,8 +321,8 @@ class PackTrajectoryGroups(beam.PTransform):
             >> beam.Map(lambda kv: ((kv[0], shard_of(kv[1].trajectory_id, num_shards)), kv[1])).with_output_types(
                 tuple[tuple[int, int], Any]
             )
-            | "PackRecords" >> beam.ParDo(PackRecordsFn(cfg.shapes, cfg.max_wait_s, clock))
-            | "CountRecords" >> beam.ParDo(CountRecordsFn(cfg.buckets, cfg.rows, self.keep_flush_info))
+            | "PackRecords" >> beam.ParDo(PackRecordsFn(layout.shapes, cfg.max_wait_s, clock))
+            | "CountRecords" >> beam.ParDo(CountRecordsFn(layout.buckets, layout.rows, self.keep_flush_info))
             # Records leave in the global window: nothing downstream groups them by
             # the packing window.
             | "GlobalWindow" >> beam.WindowInto(GlobalWindows())

@@ -7,15 +7,9 @@ rollout job's config tree (pipelines/config.py).
 
 from __future__ import annotations
 
-from core.config import configclass, derived, knob
+from core.config import configclass, knob
 from core.contracts import records
-from core.contracts.record_shape import (
-    DEFAULT_BUCKETS,
-    DEFAULT_MAX_SEGMENTS_PER_ROW,
-    DEFAULT_ROWS,
-    RecordLayout,
-    RecordShape,
-)
+from core.contracts.record_shape import RecordLayout, RecordShape
 from pipelines.bucketing import OVERLONG_POLICIES
 
 # Bytes per [row, position] cell on the wire: one entry of each record array.
@@ -32,16 +26,28 @@ def record_bytes_upper_bound(shape: RecordShape) -> int:
     return 8 + header + shape.rows * shape.seq_len * CELL_BYTES
 
 
+def check_records_fit_messages(layout: RecordLayout) -> None:
+    """Refuses a layout whose records Pub/Sub could not carry (the rollout job's config
+    and every packer check it)."""
+    for shape in layout.shapes:
+        if shape.rows * shape.seq_len > records.MAX_ELEMENTS:
+            raise ValueError(
+                f"record shape {shape.rows}x{shape.seq_len} is over {records.MAX_ELEMENTS} cells (rows x seq_len)"
+            )
+        if record_bytes_upper_bound(shape) > records.MAX_MESSAGE_BYTES:
+            raise ValueError(
+                f"a {shape.rows}x{shape.seq_len} record (up to {shape.max_trajectories} trajectories) can take "
+                f"{record_bytes_upper_bound(shape)} bytes, over the {records.MAX_MESSAGE_BYTES}-byte message cap; "
+                f"use fewer rows or a shorter bucket"
+            )
+
+
 @configclass
 class PackingConfig:
-    """Each field is a flag of the rollout job, except the record shapes: the job derives
-    them from its record layout section (--buckets, --rows, --max_segments_per_row)."""
+    """Each field is a flag of the rollout job. The record shapes are the job's record
+    layout section's (--buckets, --rows, --max_segments_per_row), handed to the packer
+    beside this section (PackTrajectoryGroups)."""
 
-    # Sequence lengths of the record shapes, ascending; every bucket has the same rows
-    # and max_segments_per_row, so a record is [rows, buckets[i]].
-    buckets: tuple[int, ...] = derived(DEFAULT_BUCKETS, "record row lengths, from the layout")
-    rows: int = derived(DEFAULT_ROWS, "rows per record, from the layout")
-    max_segments_per_row: int = derived(DEFAULT_MAX_SEGMENTS_PER_ROW, "trajectories per row, from the layout")
     # A buffer is flushed at the latest when the watermark passes its window's end; this
     # also bounds how long per-key state lives.
     window_s: float = knob(60.0, "event-time packing window: buffers are flushed at its end", gt=0)
@@ -67,31 +73,6 @@ class PackingConfig:
     )
 
     def __post_init__(self):
-        RecordLayout(self.buckets, self.rows, self.max_segments_per_row)  # the one shape check
         if self.window_s < self.max_wait_s:
             # The window end would always come first: max_wait_s would be a dead setting.
             raise ValueError(f"window_s ({self.window_s}) must be >= max_wait_s ({self.max_wait_s})")
-        for shape in self.shapes:
-            if shape.rows * shape.seq_len > records.MAX_ELEMENTS:
-                raise ValueError(
-                    f"record shape {shape.rows}x{shape.seq_len} is over {records.MAX_ELEMENTS} cells (rows x seq_len)"
-                )
-            if record_bytes_upper_bound(shape) > records.MAX_MESSAGE_BYTES:
-                raise ValueError(
-                    f"a {shape.rows}x{shape.seq_len} record (up to {shape.max_trajectories} trajectories) can take "
-                    f"{record_bytes_upper_bound(shape)} bytes, over the {records.MAX_MESSAGE_BYTES}-byte message cap; "
-                    f"use fewer rows or a shorter bucket"
-                )
-
-    @property
-    def layout(self) -> RecordLayout:
-        return RecordLayout(self.buckets, self.rows, self.max_segments_per_row)
-
-    @property
-    def shapes(self) -> tuple[RecordShape, ...]:
-        """One record shape per bucket, in bucket order."""
-        return self.layout.shapes
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.buckets[-1]

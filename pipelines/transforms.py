@@ -57,12 +57,12 @@ class EpisodeGroupFn(beam.DoFn):
     loop, all sharing the process's inference engine, so one request waiting on tools
     never holds up the others. A request that cannot run is dead-lettered."""
 
-    def __init__(self, cfg: EngineConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: EngineConfig, policy_root: str | None, max_tokens: int):
+        self.cfg, self.policy_root, self.max_tokens = cfg, policy_root, max_tokens
         self._shared = Shared()
 
     def setup(self):
-        self.worker = self._shared.acquire(lambda: RolloutWorker(self.cfg))
+        self.worker = self._shared.acquire(lambda: RolloutWorker(self.cfg, self.policy_root, self.max_tokens))
 
     async def process(self, kv):
         req, w = kv[1], self.worker
@@ -118,11 +118,13 @@ class CountEpisodesFn(beam.DoFn):
 
 
 class RunEpisodes(beam.PTransform):
-    """Rollout requests -> trajectory groups (main output) and dead letters."""
+    """Rollout requests -> trajectory groups (main output) and dead letters. policy_root:
+    the job's policy store; max_tokens: the record layout's trajectory length (an episode
+    fits one record row)."""
 
-    def __init__(self, cfg: EngineConfig):
+    def __init__(self, cfg: EngineConfig, policy_root: str | None, max_tokens: int):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.policy_root, self.max_tokens = cfg, policy_root, max_tokens
 
     def expand(self, requests):
         eng = self.cfg
@@ -132,7 +134,7 @@ class RunEpisodes(beam.PTransform):
         # fires no timers, so no finished group is committed meanwhile). The semaphore in
         # EpisodeGroupFn bounds what runs.
         run = AsyncWrapper(
-            EpisodeGroupFn(eng),
+            EpisodeGroupFn(eng, self.policy_root, self.max_tokens),
             max_items_to_buffer=eng.max_concurrent_groups + eng.queued_groups,
             max_wait_time=eng.admit_poll_s,
             callback_frequency=eng.commit_interval_s,

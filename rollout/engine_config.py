@@ -7,8 +7,7 @@ as a plain frozen dataclass.
 
 from __future__ import annotations
 
-from core.config import configclass, derived, knob, section
-from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
+from core.config import configclass, knob, section
 from core.policy.sampling.sampler import ACCELERATOR_DECODE_STEPS, DTYPES
 from core.rl.advantages import ADVANTAGE_ESTIMATORS
 from core.sections import ModelChoice, TelemetryDirs, TurnBudget
@@ -17,16 +16,10 @@ from rollout.episodes import EpisodeLimits
 
 @configclass
 class EngineConfig:
-    """Each field is a flag of the rollout job (`--engine_slots` for `slots`), except the two
-    the job derives: the policy store (from its I/O section) and the trajectory cap (from
-    the record layout)."""
+    """Each field is a flag of the rollout job (`--engine_slots` for `slots`). The policy
+    store and the trajectory cap are the job's (its I/O and record layout sections),
+    handed to the worker beside this section (RolloutWorker)."""
 
-    # None: not known yet (a config's defaults); a worker refuses it (RolloutWorker).
-    policy_root: str | None = derived(
-        None,
-        "the policy store; from the job's --policy_root",
-        matches=(r"(?s).+", "the policy store's path, not empty"),
-    )
     model: ModelChoice = section(ModelChoice, help="the policy model (the learner's)")
     slots: int = knob(64, "KV-cache slots of the per-process inference engine", flag="engine_slots", ge=1)
     prefill: int = knob(
@@ -85,8 +78,6 @@ class EngineConfig:
     commit_interval_s: float = knob(0.2, "how often finished groups are committed downstream", gt=0)
     request_shards: int = knob(4, "keys that requests are spread over (state and timers are per key)", ge=1)
     turn: TurnBudget = section(TurnBudget, help="tokens one model turn may generate")
-    # A whole trajectory, prompt included: fits one record row.
-    max_tokens: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "the layout's trajectory length", ge=1)
     step_timeout_s: float = knob(
         30.0, "an environment step (tool call) longer than this ends its episode as timeout", gt=0
     )
@@ -104,18 +95,19 @@ class EngineConfig:
     telemetry: TelemetryDirs = section(TelemetryDirs, help="each worker's rollout/... scalars and spans")
     telemetry_every_s: float = knob(2.0, "telemetry row interval", gt=0)
 
-    def __post_init__(self):
-        if self.turn.max_new_tokens_per_turn >= self.max_tokens:
+    def check_fits(self, max_tokens: int) -> None:
+        """Refuses a turn that leaves no room for the prompt in a `max_tokens` trajectory."""
+        if self.turn.max_new_tokens_per_turn >= max_tokens:
             raise ValueError(
                 f"max_new_tokens_per_turn ({self.turn.max_new_tokens_per_turn}) must be below max_tokens "
-                f"({self.max_tokens}): a turn must leave room for the prompt"
+                f"({max_tokens}): a turn must leave room for the prompt"
             )
 
-    @property
-    def limits(self) -> EpisodeLimits:
+    def limits(self, max_tokens: int) -> EpisodeLimits:
+        """An episode's limits in a trajectory of at most `max_tokens` (the layout's)."""
         return EpisodeLimits(
             max_new_tokens_per_turn=self.turn.max_new_tokens_per_turn,
-            max_tokens=self.max_tokens,
+            max_tokens=max_tokens,
             step_timeout_s=self.step_timeout_s,
             episode_timeout_s=self.episode_timeout_s,
         )

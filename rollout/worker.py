@@ -26,11 +26,13 @@ log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    def __init__(self, cfg: EngineConfig):
-        if not cfg.policy_root:
-            raise ValueError("policy_root must name the policy store (EngineConfig.policy_root is unset)")
+    def __init__(self, cfg: EngineConfig, policy_root: str | None, max_tokens: int):
+        """policy_root: the job's policy store; max_tokens: the record layout's trajectory
+        length (an episode, prompt included, fits one record row)."""
+        if not policy_root:
+            raise ValueError("policy_root must name the policy store (the rollout job's --policy_root is unset)")
         environments.load_entry_points()  # environments from installed plugin packages
-        self.cfg, self.limits = cfg, cfg.limits
+        self.cfg, self.limits = cfg, cfg.limits(max_tokens)
         # The process's telemetry and tracer, found by the DoFns through current().
         self.telemetry = install(make_telemetry(cfg.telemetry.logdir, cfg.telemetry.trace_dir, cfg.telemetry_every_s))
         self.tracer = trace.install(self.telemetry.tracer)
@@ -41,14 +43,14 @@ class RolloutWorker:
         self.sampler = Sampler(
             spec.cfg,
             cfg.slots,
-            cfg.max_tokens,
+            max_tokens,
             prefill=cfg.prefill,
             prefill_slots=cfg.prefill_slots,
             seed=cfg.seed,
             dtype=dtype,
             decode_steps=cfg.decode_steps,
         )
-        store = PolicyStore(cfg.policy_root)
+        store = PolicyStore(policy_root)
         loader = VersionLoader(store, spec.cfg, self.sampler.abstract_params, base_params(spec.checkpoint))
         self.policy = PolicyHandle(
             store, self.sampler.abstract_params, cfg.policy_poll_s, self.tracer, loader, dtype=dtype
@@ -60,7 +62,7 @@ class RolloutWorker:
         self.engine = InferenceEngine(
             self.sampler,
             lambda: self.policy.current,
-            cfg.max_tokens,
+            max_tokens,
             chat_format_for(spec.tokenizer),
             share_prompts=not cfg.separate_prompts,
         )

@@ -17,5 +17,5 @@ def ppo_clipped_loss(
     norm_len: float | None = None,
 ):
     """ratio = pi_theta / mu; loss = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)."""
-    cfg = LossConfig("ppo", eps_low, eps_high, aggregation, max_segments, norm_len=norm_len)
-    return policy_loss(logp, behaviour_logp, advantages, mask, segment_ids, cfg)
+    cfg = LossConfig("ppo", eps_low, eps_high, aggregation, norm_len=norm_len)
+    return policy_loss(logp, behaviour_logp, advantages, mask, segment_ids, cfg, max_segments=max_segments)

@@ -21,17 +21,18 @@ import jax
 import numpy as np
 from _learner_data import random_record
 
+from core import config
 from core.contracts.store import PolicyStore
 from core.policy.model.config import ModelConfig
 from core.telemetry import trace
 from trainer.cloud.distributed import maybe_initialize_distributed, read_vertex_env
+from trainer.config import LearnerJobConfig
 from trainer.learning import builder as B
 from trainer.learning.persistence.checkpoint import LearnerCheckpointer
 from trainer.learning.persistence.publisher import PolicyPublisher
 from trainer.learning.run_stats import RunStats
 from trainer.learning.step.learner import Learner, LearnerConfig, batch_from_records
 from trainer.learning.step.sharding import global_batch, make_mesh
-from trainer.learning.warmstart import WarmStartConfig
 
 T0 = time.monotonic()
 MODEL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, mlp_dim=64, max_seq_len=32)
@@ -103,7 +104,10 @@ def main(phase: str, out: Path, dist) -> None:
     learner = Learner(MODEL, LEARNER, make_mesh(jax.device_count(), 1))
     learner.steps_compiled = False
     ckpt = LearnerCheckpointer(out / "ckpt", max_to_keep=None)
-    start = B.restore_or_initialise(learner, ckpt, WarmStartConfig(), "guess", 0, None)
+    job = config.build(
+        LearnerJobConfig, requests_topic="t", records_subscription="s", policy_root=str(out), env="guess"
+    )
+    start = B.restore_or_initialise(learner, ckpt, job)  # no warm start: the checkpoint, or the initial params
     note(f"learner built, {start}")
     publisher = PolicyPublisher(RecordingStore(str(out / "store")), learner, ckpt, version=start.version)
     barrier("built")

@@ -15,10 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_packing import make_trajectory
 
+from core import config
 from core.contracts import records as R
-from core.contracts.record_shape import RecordShape
+from core.contracts.record_shape import RecordLayout, RecordShape
 from pipelines import bucketing
+from pipelines.config import RolloutJobConfig
 from pipelines.options import RolloutOptions, rollout_config
+from pipelines.pack_transform import PackTrajectoryGroups
 from pipelines.packing import pack
 from pipelines.packing_config import PackingConfig, record_bytes_upper_bound
 
@@ -139,14 +142,6 @@ def test_content_hash_sees_tokens_and_mask_not_ids():
 @pytest.mark.parametrize(
     "bad",
     [
-        dict(buckets=()),
-        dict(buckets=(256, 128)),
-        dict(buckets=(128, 128)),
-        dict(buckets=(0,)),
-        dict(buckets=(128.0,)),
-        dict(buckets=(True,)),
-        dict(rows=0),
-        dict(max_segments_per_row=0),
         dict(num_shards=0),
         dict(max_wait_s=0),
         dict(max_wait_s=-1),
@@ -158,8 +153,6 @@ def test_content_hash_sees_tokens_and_mask_not_ids():
         dict(overlong="wrap"),
         dict(content_dedup="yes"),
         dict(filter_zero_signal=1),
-        dict(rows=4, buckets=(40_000,)),
-        dict(rows=64, buckets=(4096,)),
     ],
 )
 def test_packing_config_refuses_nonsense(bad):
@@ -167,11 +160,38 @@ def test_packing_config_refuses_nonsense(bad):
         PackingConfig(**bad)
 
 
-def test_packing_config_shapes_fit_a_message():
-    cfg = PackingConfig(buckets=(128, 256, 1024), rows=4, max_segments_per_row=3)
-    assert cfg.shapes == tuple(RecordShape(4, s, 3) for s in (128, 256, 1024)) and cfg.max_seq_len == 1024
-    # The bound is an upper bound: a record full of long-id trajectories encodes below it.
-    shape = cfg.shapes[0]
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(buckets=()),
+        dict(buckets=(256, 128)),
+        dict(buckets=(128, 128)),
+        dict(buckets=(0,)),
+        dict(buckets=(128.0,)),
+        dict(buckets=(True,)),
+        dict(rows=0),
+        dict(max_segments_per_row=0),
+    ],
+)
+def test_a_record_layout_refuses_nonsense(bad):
+    with pytest.raises(ValueError):
+        RecordLayout(**bad)
+
+
+@pytest.mark.parametrize("rows, bucket", [(4, 40_000), (64, 4096)])
+def test_records_pubsub_cannot_carry_are_refused_by_the_job_and_the_packer(rows, bucket):
+    why = "message cap"
+    layout = RecordLayout((bucket,), rows)
+    with pytest.raises(ValueError, match=why):
+        PackTrajectoryGroups(PackingConfig(), layout)
+    with pytest.raises(ValueError, match=why):
+        config.build(RolloutJobConfig, buckets=(bucket,), rows=rows)
+
+
+def test_the_message_bound_is_an_upper_bound():
+    layout = RecordLayout((128, 256, 1024), 4, 3)
+    # A record full of long-id trajectories encodes below it.
+    shape = layout.shapes[0]
     trajs = [
         dataclasses.replace(make_trajectory(i, shape.seq_len // 3, i), trajectory_id=f"{'r' * 200}/{i}")
         for i in range(shape.max_trajectories)
@@ -193,9 +213,9 @@ def config_from(*flags) -> PackingConfig:
 
 
 def test_flags_default_to_one_bucket_of_seq_len():
-    assert config_from("--seq_len=128", "--rows=2", "--max_segments_per_row=3", "--max_wait_s=1.5") == PackingConfig(
-        buckets=(128,), rows=2, max_segments_per_row=3, max_wait_s=1.5
-    )
+    flags = ("--seq_len=128", "--rows=2", "--max_segments_per_row=3", "--max_wait_s=1.5")
+    job = rollout_config(PipelineOptions(BASE + list(flags)).view_as(RolloutOptions))
+    assert job.packing == PackingConfig(max_wait_s=1.5) and job.layout.layout == RecordLayout((128,), 2, 3)
 
 
 def test_flags_for_every_setting():
@@ -210,7 +230,6 @@ def test_flags_for_every_setting():
         "--allowed_lateness_s=0",
     )
     assert cfg == PackingConfig(
-        buckets=(128, 256),
         window_s=30.0,
         num_shards=4,
         content_dedup=True,

@@ -18,11 +18,12 @@ import jax
 import numpy as np
 import pytest
 
+from core import config
 from tests import _real_size as real
+from trainer.config import LearnerJobConfig
 from trainer.learning.builder import restore_or_initialise
 from trainer.learning.persistence.checkpoint import MANIFEST, LearnerCheckpointer
 from trainer.learning.persistence.publisher import learner_state_of
-from trainer.learning.warmstart import WarmStartConfig
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +89,8 @@ def test_a_real_size_learner_killed_mid_save_resumes_with_the_uninterrupted_para
     resumed = real.learner()
     t1 = time.monotonic()
     with LearnerCheckpointer(ckpt) as checkpointer:
-        start = restore_or_initialise(resumed, checkpointer, WarmStartConfig(steps=0), "calculator", 0, None)
+        job = dict(requests_topic="t", records_subscription="s", policy_root=str(tmp_path), env="calculator")
+        start = restore_or_initialise(resumed, checkpointer, config.build(LearnerJobConfig, **job))
         restore_s = time.monotonic() - t1
         assert (start.resumed_from_step, start.version) == (2, 2) and checkpointer.all_steps() == [2]  # 3 removed
         assert set(start.consumed_ids) == {real.record(s).record_id for s in (1, 2)}  # 3 comes back: trained again

@@ -9,37 +9,36 @@ import time
 import pytest
 
 from core.contracts.record_shape import RecordShape
-from trainer.learning.data.feeder import CreditConfig, TrajectoryCredits
+from trainer.learning.data.feeder import CreditConfig, CreditWindow, TrajectoryCredits
 
 
-# ----------------------------------------------------------------------------- CreditConfig
+# ----------------------------------------------------------------------------- CreditWindow
+def _window(ahead: int, batch_records: int, shape: RecordShape, group: int) -> int:
+    return CreditWindow(CreditConfig(max_batches_ahead=ahead, group_size=group), batch_records, shape).window
+
+
 def test_window_arithmetic():
     shape = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)  # 8 trajectories per record
-    assert CreditConfig(max_batches_ahead=0, batch_records=1, shape=shape, group_size=4).window == 8 + 4
-    assert CreditConfig(max_batches_ahead=2, batch_records=3, shape=shape, group_size=8).window == 3 * 3 * 8 + 8
-    one = RecordShape(rows=1, seq_len=16, max_segments_per_row=1)
-    assert CreditConfig(max_batches_ahead=0, batch_records=1, shape=one, group_size=1).window == 2
-    assert (
-        CreditConfig(max_batches_ahead=5, batch_records=2, shape=RecordShape(3, 64, 3), group_size=16).window
-        == 6 * 2 * 9 + 16
-    )
+    assert _window(0, 1, shape, 4) == 8 + 4
+    assert _window(2, 3, shape, 8) == 3 * 3 * 8 + 8
+    assert _window(0, 1, RecordShape(rows=1, seq_len=16, max_segments_per_row=1), 1) == 2
+    assert _window(5, 2, RecordShape(3, 64, 3), 16) == 6 * 2 * 9 + 16
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        dict(max_batches_ahead=-1),
-        dict(batch_records=0),
-        dict(batch_records=-2),
-        dict(group_size=0),
-        dict(group_size=-4),
-    ],
-)
+@pytest.mark.parametrize("kw", [dict(max_batches_ahead=-1), dict(group_size=0), dict(group_size=-4)])
 def test_credit_config_refuses_settings_that_cannot_work(kw):
-    args = dict(max_batches_ahead=1, batch_records=2, shape=RecordShape(2, 32, 2), group_size=4)
-    args.update(kw)
-    with pytest.raises(ValueError):
-        CreditConfig(**args)
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        CreditConfig(**kw)
+
+
+def test_a_window_that_could_deadlock_is_refused_and_the_smallest_safe_one_is_not():
+    shape = RecordShape(rows=2, seq_len=64, max_segments_per_row=2)  # 4 trajectories a record
+    safe = CreditWindow(CreditConfig(group_size=4, max_in_flight=2 * 4 + 4), 2, shape)
+    safe.check()
+    assert safe.window == safe.min_window == 12
+    with pytest.raises(ValueError, match="could deadlock"):
+        CreditWindow(CreditConfig(group_size=4, max_in_flight=11), 2, shape).check()
+    CreditWindow(CreditConfig(group_size=4, max_in_flight=11), 2, shape, sync=True).check()  # rounds: unused
 
 
 def test_record_shape_refuses_non_positive():
@@ -162,7 +161,7 @@ class Simulation:
       trajectories they hold.
     A stall is a round in which neither side can make progress."""
 
-    def __init__(self, cfg: CreditConfig, window: int | None = None):
+    def __init__(self, cfg: CreditWindow, window: int | None = None):
         self.cfg = cfg
         self.credits = TrajectoryCredits(cfg.window if window is None else window)
         self.try_only = threading.Event()
@@ -175,11 +174,11 @@ class Simulation:
         self.max_outstanding = 0
 
     def produce(self) -> bool:
-        if not self.credits.acquire(self.cfg.group_size, self.try_only):
+        if not self.credits.acquire(self.cfg.cfg.group_size, self.try_only):
             return False
         self.requests += 1
         self.max_outstanding = max(self.max_outstanding, self.credits.outstanding)
-        self.buffer += self.cfg.group_size
+        self.buffer += self.cfg.cfg.group_size
         while self.buffer >= self.per_record:
             self.records.append(self.per_record)
             self.buffer -= self.per_record
@@ -217,11 +216,10 @@ COMBOS = list(itertools.product([0, 1, 3], [1, 2, 4], [1, 2, 4], [1, 2, 3], [1, 
     "ahead,batch,rows,segs,group", COMBOS[::20] + [(0, 1, 1, 1, 1), (0, 1, 4, 3, 16), (3, 4, 4, 3, 5), (0, 4, 1, 1, 7)]
 )
 def test_credit_window_never_deadlocks(ahead, batch, rows, segs, group):
-    cfg = CreditConfig(
-        max_batches_ahead=ahead,
-        batch_records=batch,
-        shape=RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs),
-        group_size=group,
+    cfg = CreditWindow(
+        CreditConfig(max_batches_ahead=ahead, group_size=group),
+        batch,
+        RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs),
     )
     sim = Simulation(cfg)
     sim.run(50)
@@ -234,22 +232,20 @@ def test_credit_window_never_deadlocks(ahead, batch, rows, segs, group):
 
 def test_all_combinations_never_deadlock():
     for ahead, batch, rows, segs, group in COMBOS:
-        cfg = CreditConfig(
-            max_batches_ahead=ahead,
-            batch_records=batch,
-            shape=RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs),
-            group_size=group,
+        cfg = CreditWindow(
+            CreditConfig(max_batches_ahead=ahead, group_size=group),
+            batch,
+            RecordShape(rows=rows, seq_len=64, max_segments_per_row=segs),
         )
         Simulation(cfg).run(50)
 
 
 def test_simulation_detects_a_window_that_is_too_small():
     """The same simulation stalls when the window cannot fill one batch: it can fail."""
-    cfg = CreditConfig(
-        max_batches_ahead=0,
-        batch_records=2,
-        shape=RecordShape(rows=2, seq_len=64, max_segments_per_row=2),
-        group_size=1,
+    cfg = CreditWindow(
+        CreditConfig(max_batches_ahead=0, group_size=1),
+        2,
+        RecordShape(rows=2, seq_len=64, max_segments_per_row=2),
     )
     with pytest.raises(AssertionError, match="stall"):
         Simulation(cfg, window=2 * 4 - 1).run(50)
@@ -265,7 +261,7 @@ def test_simulation_with_the_real_packer_never_deadlocks():
     rng = np.random.default_rng(0)
     for ahead, batch, rows, segs, group in [(0, 1, 2, 2, 4), (1, 2, 2, 3, 3), (2, 1, 3, 1, 8), (0, 3, 2, 2, 1)]:
         shape = RecordShape(rows=rows, seq_len=32, max_segments_per_row=segs)
-        cfg = CreditConfig(max_batches_ahead=ahead, batch_records=batch, shape=shape, group_size=group)
+        cfg = CreditWindow(CreditConfig(max_batches_ahead=ahead, group_size=group), batch, shape)
         credits, try_only = TrajectoryCredits(cfg.window), threading.Event()
         try_only.set()
         buffer, queue, steps, made = [], collections.deque(), 0, 0
@@ -304,17 +300,18 @@ def test_simulation_with_the_real_packer_never_deadlocks():
 # ----------------------------------------------------------------------------- trajectories in flight, the user's knob
 def test_max_in_flight_sets_the_window_and_batches_ahead_is_derived():
     shape = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)
-    cfg = CreditConfig(max_batches_ahead=0, batch_records=8, shape=shape, group_size=8, max_in_flight=200)
+    cfg = CreditWindow(CreditConfig(max_batches_ahead=0, group_size=8, max_in_flight=200), 8, shape)
     assert cfg.window == 200
     assert cfg.batches_ahead == pytest.approx((200 - 8) / 64 - 1)
-    assert CreditConfig(max_batches_ahead=2, batch_records=8, shape=shape, group_size=8).batches_ahead == 2
+    assert CreditWindow(CreditConfig(max_batches_ahead=2, group_size=8), 8, shape).batches_ahead == 2
 
 
 def test_max_in_flight_below_one_batch_is_refused_as_a_deadlock():
     shape = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)
     with pytest.raises(ValueError, match=r"max_in_flight=71 could deadlock.*72"):
-        CreditConfig(max_batches_ahead=0, batch_records=8, shape=shape, group_size=8, max_in_flight=71)
-    ok = CreditConfig(max_batches_ahead=0, batch_records=8, shape=shape, group_size=8, max_in_flight=72)
+        CreditWindow(CreditConfig(max_batches_ahead=0, group_size=8, max_in_flight=71), 8, shape).check()
+    ok = CreditWindow(CreditConfig(max_batches_ahead=0, group_size=8, max_in_flight=72), 8, shape)
+    ok.check()
     Simulation(ok).run(30)  # the smallest accepted window still never stalls
 
 
@@ -370,6 +367,5 @@ def test_a_timed_out_sync_round_writes_off_its_requests_too():
 
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan")])
 def test_a_request_timeout_that_could_never_fire_or_always_fires_is_refused(bad):
-    shape = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)
     with pytest.raises(ValueError, match="request_timeout_s"):
-        CreditConfig(max_batches_ahead=0, batch_records=1, shape=shape, group_size=4, request_timeout_s=bad)
+        CreditConfig(max_batches_ahead=0, group_size=4, request_timeout_s=bad)

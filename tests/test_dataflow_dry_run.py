@@ -128,7 +128,7 @@ def test_the_flags_parse_as_the_workers_will_see_them(job):
     """A worker re-creates its options from the sdkPipelineOptions dict: the tree built
     there (list flags as text, bools as bare flags) is the launcher's."""
     launcher = rollout_config(job.options)
-    assert launcher.packing.buckets == (128, 256) and launcher.packing.window_s == 30.0
+    assert launcher.layout.layout.buckets == (128, 256) and launcher.packing.window_s == 30.0
     assert launcher.packing.content_dedup and launcher.engine.slots == 16
     # What the service stores (sdkPipelineOptions: JSON, where a tuple would become a list).
     sent = json.loads(json.dumps(job.options.get_all_options()))
@@ -139,17 +139,18 @@ def test_the_packer_translates_for_dataflow():
     """PackTrajectoryGroups on its own (whatever rollout.build wires today): its stateful
     packer keeps its state, both timer domains, a deterministic key coder and the
     windowing with allowed lateness through Dataflow's translation."""
+    from core.contracts.record_shape import RecordLayout
     from pipelines.pack_transform import PackTrajectoryGroups
     from pipelines.packing_config import PackingConfig
 
     argv = [a for a in ARGV if not a.startswith("--setup_file")]
     p = beam.Pipeline(options=PipelineOptions(argv))
-    cfg = PackingConfig(buckets=(128, 256), window_s=30.0, allowed_lateness_s=600.0)
+    cfg = PackingConfig(window_s=30.0, allowed_lateness_s=600.0)
     (
         p
         | beam.io.ReadFromPubSub(subscription=REQUESTS)
         | beam.Map(lambda _: [])
-        | PackTrajectoryGroups(cfg)
+        | PackTrajectoryGroups(cfg, RecordLayout((128, 256)))
         | beam.Map(lambda r: r.record_id.encode())
         | beam.io.WriteToPubSub(RECORDS)
     )

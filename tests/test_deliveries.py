@@ -15,7 +15,8 @@ from tests._records_data import make_record
 from trainer.learning.data.consumer import RecordConsumer
 from trainer.learning.data.deliveries import Deliveries, DeliveryConfig
 
-CFG = DeliveryConfig(ack_deadline_s=60, extend_every_s=20, max_staleness=2)
+CFG = DeliveryConfig(ack_deadline_s=60, extend_every_s=20)
+HORIZON = 2  # the staleness the learner applies
 
 OPS = st.lists(
     st.one_of(
@@ -35,7 +36,14 @@ def test_a_crash_anywhere_loses_nothing_and_trains_nothing_twice(ops):
     unacked = set(range(12))
     durable: dict[str, int] = {}  # the newest durable checkpoint's dedup set
     trained_in_durable_state: set[str] = set()  # what the durable weights have seen
-    ledger, queue, trained_since, in_flight, durable_step, step = Deliveries(CFG), [], set(), None, None, 0
+    ledger, queue, trained_since, in_flight, durable_step, step = (
+        Deliveries(CFG, max_staleness=HORIZON),
+        [],
+        set(),
+        None,
+        None,
+        0,
+    )
     ack_of: dict[str, str] = {}
 
     def land(save):  # the save in flight is durable: its manifest is written
@@ -75,7 +83,13 @@ def test_a_crash_anywhere_loses_nothing_and_trains_nothing_twice(ops):
             landed = -1 if durable_step is None else durable_step
             assert all(h.covered_by is None or h.covered_by > landed for h in ledger.held.values())
         elif op == "crash":  # the process dies: only Pub/Sub and the durable checkpoint remain
-            ledger, queue, trained_since, in_flight, durable_step = Deliveries(CFG, durable), [], set(), None, None
+            ledger, queue, trained_since, in_flight, durable_step = (
+                Deliveries(CFG, durable, max_staleness=HORIZON),
+                [],
+                set(),
+                None,
+                None,
+            )
     # Nothing lost: every message is either still in Pub/Sub or in the durable state.
     for i in range(12):
         assert i in unacked or f"r{i}" in trained_in_durable_state
@@ -85,7 +99,7 @@ def test_a_learner_that_saves_at_every_publish_acks_each_checkpoints_records_onc
     """Issue 39: with a save always in flight, acks waited for a poll with none in flight,
     so the held set grew with the run. Per checkpoint, a record is acked once the save
     that holds it lands: held stays within the records of the last two saves."""
-    ledger, held = Deliveries(CFG), []
+    ledger, held = Deliveries(CFG, max_staleness=HORIZON), []
     for step in range(1, 21):
         ids = [f"r{step}-{k}" for k in range(4)]
         for rid in ids:
@@ -99,7 +113,7 @@ def test_a_learner_that_saves_at_every_publish_acks_each_checkpoints_records_onc
 
 
 def test_the_dedup_set_forgets_only_what_staleness_would_drop_anyway():
-    ledger = Deliveries(CFG)
+    ledger = Deliveries(CFG, max_staleness=HORIZON)
     for rid, version in [("old", 3), ("edge", 4), ("new", 6), ("no-tokens", -1), ("held-old", 1)]:
         assert ledger.accept(rid, f"ack-{rid}", version) == "new"
     ledger.settle(["old", "edge", "new", "no-tokens"])
@@ -114,7 +128,7 @@ def test_the_dedup_set_forgets_only_what_staleness_would_drop_anyway():
 
 
 def test_a_redelivery_of_a_held_record_is_kept_with_it_not_acked_early():
-    ledger = Deliveries(CFG)
+    ledger = Deliveries(CFG, max_staleness=HORIZON)
     ledger.accept("r", "first", 0)
     assert ledger.accept("r", "second", 0) == "held" and ledger.redelivered == 1
     ledger.settle(["r"])
@@ -126,7 +140,7 @@ def test_a_redelivery_of_a_held_record_is_kept_with_it_not_acked_early():
 
 def test_extensions_come_every_extend_every_s_for_everything_held():
     now = [0.0]
-    ledger = Deliveries(CFG, clock=lambda: now[0])
+    ledger = Deliveries(CFG, clock=lambda: now[0], max_staleness=HORIZON)
     ledger.accept("a", "ack-a", 0)
     ledger.accept("b", "ack-b", 0)
     assert ledger.due_for_extension() == []
@@ -142,7 +156,6 @@ def test_extensions_come_every_extend_every_s_for_everything_held():
         ({"ack_deadline_s": 601}, "ack_deadline_s"),
         ({"ack_deadline_s": 60, "extend_every_s": 30}, "extend_every_s"),
         ({"extend_every_s": 0}, "extend_every_s"),
-        ({"max_staleness": -1}, "max_staleness"),
     ],
 )
 def test_settings_that_would_redeliver_held_records_are_refused(kwargs, field):
@@ -171,8 +184,8 @@ def test_held_records_stay_unacked_with_extended_deadlines_until_durable(pubsub_
         pubsub_io.publish(pub, topic, encode(make_record(i, 2, 64, f"rec-{i}"))).result(timeout=30)
 
     durable_step = [None]
-    cfg = DeliveryConfig(ack_deadline_s=10, extend_every_s=3, max_staleness=2)
-    first = RecordConsumer(sub, {(2, 64)}, delivery=cfg, durable=lambda: durable_step[0])
+    cfg = DeliveryConfig(ack_deadline_s=10, extend_every_s=3)
+    first = RecordConsumer(sub, {(2, 64)}, delivery=cfg, max_staleness=2, durable=lambda: durable_step[0])
     got = _pull_all(first, 6)
     assert sorted(r.record_id for r in got) == [f"rec-{i}" for i in range(6)]
     first.settle(got[:3])  # trained three
@@ -187,13 +200,13 @@ def test_held_records_stay_unacked_with_extended_deadlines_until_durable(pubsub_
     first.close()  # nacks the three unsettled ones
 
     never_durable = lambda: None  # a learner whose next checkpoint never lands
-    second = RecordConsumer(sub, {(2, 64)}, delivery=cfg, consumed=dedup, durable=never_durable)
+    second = RecordConsumer(sub, {(2, 64)}, delivery=cfg, max_staleness=2, consumed=dedup, durable=never_durable)
     t0 = time.monotonic()
     again = _pull_all(second, 3, timeout_s=8)  # well inside the deadline: the nack returned them
     assert sorted(r.record_id for r in again) == sorted(r.record_id for r in got[3:])
     assert time.monotonic() - t0 < 8
     second.settle(again)
     second.close()  # no checkpoint covers them: nacked back, not acked
-    third = RecordConsumer(sub, {(2, 64)}, delivery=cfg, consumed=dedup, durable=never_durable)
+    third = RecordConsumer(sub, {(2, 64)}, delivery=cfg, max_staleness=2, consumed=dedup, durable=never_durable)
     assert sorted(r.record_id for r in _pull_all(third, 3, timeout_s=8)) == sorted(r.record_id for r in got[3:])
     third.close()

@@ -1,6 +1,8 @@
 """EngineConfig refuses bad worker settings by name, is what the pipeline's flags build,
 and the CLIs offer exactly the choices the code defines."""
 
+import dataclasses
+
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -10,6 +12,7 @@ from core.sections import TurnBudget
 from pipelines.config import RolloutJobConfig
 from pipelines.options import rollout_config
 from rollout.engine_config import EngineConfig
+from rollout.worker import RolloutWorker
 from trainer import task
 from trainer.config import LearnerJobConfig
 from trainer.learning.step.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
@@ -18,7 +21,6 @@ from trainer.learning.step.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 @pytest.mark.parametrize(
     ("bad", "field"),
     [
-        (dict(policy_root=""), "policy_root"),
         (dict(slots=0), "slots"),
         (dict(slots=2.0), "slots"),
         (dict(max_concurrent_groups=-1), "max_concurrent_groups"),
@@ -29,7 +31,6 @@ from trainer.learning.step.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
         (dict(admit_poll_s=0), "admit_poll_s"),
         (dict(policy_poll_s=float("inf")), "policy_poll_s"),
         (dict(policy_wait_s=True), "policy_wait_s"),
-        (dict(turn=TurnBudget(256), max_tokens=256), "max_new_tokens_per_turn"),
         (dict(advantage_estimator="ppo"), "advantage_estimator"),
         (dict(decode_steps=-1), "decode_steps"),
         (dict(decode_steps=2.5), "decode_steps"),
@@ -38,7 +39,7 @@ from trainer.learning.step.losses import AGGREGATIONS, ALGORITHMS, KL_ESTIMATORS
 )
 def test_refuses_bad_settings_naming_the_field(bad, field):
     with pytest.raises(ValueError, match=field):
-        EngineConfig(**{"policy_root": "/store", **bad})
+        EngineConfig(**bad)
 
 
 def test_pipeline_flags_build_the_engine_config():
@@ -58,21 +59,18 @@ def test_pipeline_flags_build_the_engine_config():
     ]
     cfg = rollout_config(PipelineOptions(flags)).engine
     assert cfg == EngineConfig(
-        policy_root="/store",
         slots=32,
         max_concurrent_groups=8,
         commit_interval_s=0.5,
         request_shards=2,
         turn=TurnBudget(24),
-        max_tokens=256,  # the default trajectory cap (the tiny policy's context), below the largest bucket
         policy_poll_s=0.25,
         policy_wait_s=60.0,
         advantage_estimator="rloo",
         decode_steps=8,
         dtype="bfloat16",
     )
-    assert cfg.limits.max_tokens == 256 and cfg.limits.max_new_tokens_per_turn == 24
-    assert rollout_config(PipelineOptions([*flags, "--max_trajectory_len=512"])).engine.max_tokens == 512
+    assert cfg.limits(256).max_tokens == 256 and cfg.limits(256).max_new_tokens_per_turn == 24
 
 
 def _choices(parser, dest):
@@ -93,18 +91,23 @@ def test_cli_choices_come_from_the_constants():
     assert list(_choices(config.make_parser(RolloutJobConfig), "advantage_estimator")) == sorted(ADVANTAGE_ESTIMATORS)
 
 
-def test_the_job_derives_the_engines_store_and_trajectory_cap():
-    """Not flags: the policy store comes from the I/O section, the cap from the layout, on
-    every path that builds or changes the tree."""
+def test_the_workers_take_the_store_and_the_trajectory_cap_from_the_jobs_sections():
+    """Not flags of the engine, nor copies in it: the policy store is the I/O section's, the
+    cap the layout's (the default: the tiny policy's context, below the largest bucket);
+    the job's config refuses a turn that no longer fits a trajectory, on every path."""
     flags = {leaf.flag for leaf in config.leaves(RolloutJobConfig)}
     assert "max_tokens" not in flags and flags >= {"policy_root", "engine_slots", "telemetry_every_s"}
+    assert "policy_root" not in {f.name for f in dataclasses.fields(EngineConfig)}
     cfg = config.build(
         RolloutJobConfig, policy_root="/store", buckets=(128, 512), max_trajectory_len=512, max_new_tokens_per_turn=300
-    )  # built with the derived cap: not refused against the default one
-    assert (cfg.engine.policy_root, cfg.engine.max_tokens) == ("/store", 512)
-    assert config.replace(cfg, max_trajectory_len=384).engine.max_tokens == 384
-    assert config.replace(cfg, policy_root="gs://b/store").engine.policy_root == "gs://b/store"
+    )
+    assert (cfg.io.policy_root, cfg.layout.layout.trajectory_len) == ("/store", 512)
+    assert config.build(RolloutJobConfig, buckets=(128, 512)).layout.layout.trajectory_len == 256
+    assert config.replace(cfg, max_trajectory_len=384).layout.layout.trajectory_len == 384
     with pytest.raises(ValueError, match="max_new_tokens_per_turn"):
         config.replace(cfg, max_trajectory_len=256)  # 300 new tokens no longer fit a trajectory
+    with pytest.raises(ValueError, match="max_new_tokens_per_turn"):
+        config.build(RolloutJobConfig, max_new_tokens_per_turn=256)  # the default cap, 256
     assert config.parse(RolloutJobConfig, config.to_argv(cfg)) == cfg
-    assert EngineConfig().policy_root is None  # a config's defaults; the worker refuses it
+    with pytest.raises(ValueError, match="policy_root"):
+        RolloutWorker(EngineConfig(), None, 256)  # a worker without a store is refused

@@ -39,7 +39,7 @@ def test_segment_lengths_and_causal_pairs():
 def test_model_flops_match_xlas_count_of_a_step_whose_loops_run_once(monkeypatch):
     monkeypatch.setattr(model, "_uniform", lambda blocks: False)  # the layers unrolled, not scanned
     compute = ComputeConfig(remat="off", micro_batches=1, logit_chunk=ROWS * T, dtype="float32", attention="xla")
-    learner = Learner(CFG, LearnerConfig(batch_records=1, compute=compute, loss=LossConfig(max_segments=1)))
+    learner = Learner(CFG, LearnerConfig(batch_records=1, compute=compute, loss=LossConfig()))
     learner.compile_for(ROWS, T)
     cost = learner._compiled[(ROWS, T)].cost_analysis()
     xla = float((cost[0] if isinstance(cost, list) else cost)["flops"])
@@ -59,5 +59,5 @@ def test_lora_and_the_kl_reference_change_the_count():
     assert full == pytest.approx(6 * n * tokens + attention)
     assert train_flops(CFG, lengths, "adapter") == pytest.approx(full - 2 * n * tokens)  # no weight gradients
     assert train_flops(CFG, lengths, reference=True) == pytest.approx(full + 2 * n * tokens + attention / 3)
-    lcfg = LearnerConfig(batch_records=1, lora=LoraConfig(rank=4), loss=LossConfig(max_segments=1))
+    lcfg = LearnerConfig(batch_records=1, lora=LoraConfig(rank=4), loss=LossConfig())
     assert Learner(CFG, lcfg).step_flops([_full_rows()]) == pytest.approx(train_flops(CFG, np.full(ROWS, T), "adapter"))

@@ -90,15 +90,15 @@ def test_the_flags_of_a_tree_rebuild_it(cls, cfg):
     assert config.from_namespace(cls, parser.parse_args(config.to_argv(cfg))) == cfg
 
 
-def test_derived_fields_follow_their_sections():
+def test_values_computed_from_several_sections_follow_them():
     cfg = _changed_learner()
-    assert cfg.learner.loss.max_segments == 2  # the layout's segments per row
-    assert cfg.credits.batch_records == 3 and cfg.credits.shape == RecordShape(2, 128, 2)
-    assert cfg.credits.sync and cfg.credits.steps_per_round == 2 and cfg.credits.request_timeout is None
-    assert cfg.staleness == StalenessConfig(0, None) and cfg.delivery.max_staleness == 0  # the sync baseline
-    assert cfg.warmstart.max_seq_len == 128 and cfg.warmstart.seed == cfg.learner.seed
+    window = cfg.credit_window()
+    assert window.batch_records == 3 and window.shape == RecordShape(2, 128, 2)
+    assert window.sync and window.steps_per_round == 2 and window.request_timeout is None
+    assert cfg.applied_staleness() == StalenessConfig(0, None)  # the sync baseline
+    assert cfg.staleness == StalenessConfig()  # the section keeps what was set on it
     parsed = task.parse_config([*config.to_argv(LearnerJobConfig(**REQUIRED)), "--max_staleness=3"])
-    assert parsed.delivery.max_staleness == 3 and parsed.credits.request_timeout == 300.0
+    assert parsed.applied_staleness().max_staleness == 3 and parsed.credit_window().request_timeout == 300.0
 
 
 def test_vertex_env_gives_defaults_the_command_line_overrides(monkeypatch):

@@ -250,8 +250,8 @@ def test_config_refusals_and_flags():
 
 def test_peft_target_names_map_onto_the_models_layers():
     cfg = LoraConfig(rank=4, targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-    assert cfg.targets == ("q", "kv", "out", "gate", "up", "down")
-    assert LoraConfig(rank=4, targets=("v_proj",)).targets == ("kv",)
+    assert cfg.layers == ("q", "kv", "out", "gate", "up", "down")
+    assert LoraConfig(rank=4, targets=("v_proj",)).layers == ("kv",)
     with pytest.raises(ValueError, match="twice"):
         LoraConfig(rank=4, targets=("q", "q_proj"))
     with pytest.raises(ValueError, match="PEFT"):

@@ -51,7 +51,7 @@ def test_k3_is_never_negative_and_all_vanish_on_policy(pairs):
 def test_kl_term_is_added_to_the_loss(estimator):
     logp, behaviour, adv, mask, seg = random_batch(6)
     ref = behaviour - 0.3
-    base = LossConfig("ppo", 0.2, 0.28, "seq-mean-token-mean", 3)
+    base = LossConfig("ppo", 0.2, 0.28, "seq-mean-token-mean")
     with_kl = dataclasses.replace(base, kl_coef=0.25, kl_estimator=estimator)
     loss0, _ = policy_loss(logp, behaviour, adv, mask, seg, base, ref_logp=ref)
     loss1, m1 = policy_loss(logp, behaviour, adv, mask, seg, with_kl, ref_logp=ref)

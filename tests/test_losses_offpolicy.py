@@ -119,7 +119,7 @@ def gspo_example():
 
 
 def gspo_cfg(**kw):
-    return LossConfig("gspo_token", EPS_LOW, EPS_HIGH, "seq-mean-token-mean", max_segments=2, **kw)
+    return LossConfig("gspo_token", EPS_LOW, EPS_HIGH, "seq-mean-token-mean", **kw)
 
 
 def test_gspo_token_value_is_the_sequence_level_clipped_objective():
@@ -155,7 +155,7 @@ def test_gspo_token_with_unequal_lengths_and_token_mean():
     seg = jnp.asarray([[1, 2, 2, 2]])
     mask = jnp.ones((1, 4))
     adv = jnp.asarray([[1.0, 2.0, 2.0, 2.0]])
-    cfg = LossConfig("gspo_token", 0.5, 0.5, "token-mean", 2)
+    cfg = LossConfig("gspo_token", 0.5, 0.5, "token-mean")
     f = lambda lp: policy_loss(lp, jnp.zeros((1, 4)), adv, mask, seg, cfg)[0]
     # token-mean over 4 tokens: (e^0.2 * 1 + 3 * (1 * 2)) / 4; gradient s_i * A_i / 4 tokens
     assert float(f(lr)) == pytest.approx(-(E(0.2) + 6) / 4, rel=1e-6)
@@ -222,7 +222,7 @@ def random_batch(seed, shape=(3, 10)):
 )
 def test_decoupled_ppo_and_tis_reduce_to_ppo_when_proximal_is_behaviour(mode, variant):
     logp, behaviour, adv, mask, seg = random_batch(4)
-    ppo = LossConfig("ppo", 0.2, 0.28, mode, 3)
+    ppo = LossConfig("ppo", 0.2, 0.28, mode)
     other = dataclasses.replace(ppo, **variant)
     f_ppo = lambda lp: policy_loss(lp, behaviour, adv, mask, seg, ppo)[0]
     f_other = lambda lp: policy_loss(lp, behaviour, adv, mask, seg, other, proximal_logp=behaviour)[0]
@@ -251,7 +251,7 @@ def test_proximal_logp_required_exactly_when_used():
 
 # ----------------------------------------------------------------------------- extreme ratios
 CONFIGS = [
-    LossConfig(a, 0.2, 0.28, agg, 3, tis_cap=cap, kl_coef=0.1, kl_estimator=KL_ESTIMATORS[i % 3])
+    LossConfig(a, 0.2, 0.28, agg, tis_cap=cap, kl_coef=0.1, kl_estimator=KL_ESTIMATORS[i % 3])
     for i, (a, agg, cap) in enumerate((a, agg, cap) for a in ALGORITHMS for agg in AGGREGATIONS for cap in (None, 2.0))
 ]
 
@@ -289,8 +289,6 @@ def test_extreme_log_ratios_give_finite_loss_metrics_and_grads(cfg, extreme):
         (dict(eps_high=-0.1), "eps_high"),
         (dict(kl_coef=-0.01), "kl_coef"),
         (dict(kl_coef=float("nan")), "kl_coef"),
-        (dict(max_segments=0), "max_segments"),
-        (dict(max_segments=2.0), "max_segments"),
         (dict(tis_cap=0.0), "tis_cap"),
         (dict(tis_cap=-1.0), "tis_cap"),
         (dict(norm_len=512.0), "norm_len"),  # with token-mean
@@ -303,7 +301,7 @@ def test_loss_config_refuses_bad_settings(kw, match):
 
 
 def test_loss_config_is_frozen_and_hashable():
-    cfg = LossConfig("gspo_token", 3e-4, 4e-4, "seq-mean-token-sum", 4, tis_cap=2.0, kl_coef=0.01, norm_len=512.0)
+    cfg = LossConfig("gspo_token", 3e-4, 4e-4, "seq-mean-token-sum", tis_cap=2.0, kl_coef=0.01, norm_len=512.0)
     assert hash(cfg) == hash(dataclasses.replace(cfg))
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.eps_low = 0.5
@@ -311,7 +309,7 @@ def test_loss_config_is_frozen_and_hashable():
 
 # ----------------------------------------------------------------------------- jit
 def test_policy_loss_jits_once_for_new_values():
-    cfg = LossConfig("decoupled_ppo", 0.2, 0.28, "seq-mean-token-mean", 3, tis_cap=2.0, kl_coef=0.05)
+    cfg = LossConfig("decoupled_ppo", 0.2, 0.28, "seq-mean-token-mean", tis_cap=2.0, kl_coef=0.05)
     step = jax.jit(jax.value_and_grad(policy_loss, has_aux=True), static_argnames=("cfg",))
     fn = jax.jit(policy_loss, static_argnames=("cfg",))
     results = []

@@ -26,7 +26,7 @@ LOSS_RTOL, GRAD_NORM_RTOL, MIN_GRAD_COSINE = 0.02, 0.05, 0.99
 
 def _learner(dtype: str) -> Learner:
     compute = ComputeConfig(dtype=dtype, remat="off", micro_batches=1)
-    lcfg = LearnerConfig(batch_records=2, compute=compute, loss=LossConfig(max_segments=3))
+    lcfg = LearnerConfig(batch_records=2, compute=compute, loss=LossConfig())
     return Learner(CFG, lcfg, model=init_model(CFG, 0))
 
 

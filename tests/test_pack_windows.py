@@ -25,14 +25,14 @@ from apache_beam.runners.worker import statesampler
 from apache_beam.testing.test_stream import TestStream as BeamTestStream
 
 from core.contracts import records as R
+from core.contracts.record_shape import RecordLayout
 from core.contracts.trajectory import Trajectory
 from pipelines.metrics import NAMESPACE
 from pipelines.pack_transform import FULL, MAX_WAIT, WINDOW_END, PackTrajectoryGroups, shard_of
 from pipelines.packing_config import PackingConfig
 
-CFG = PackingConfig(
-    buckets=(32, 64), rows=2, max_segments_per_row=2, window_s=10.0, max_wait_s=2.0, dedup_window_s=600.0
-)
+CFG = PackingConfig(window_s=10.0, max_wait_s=2.0, dedup_window_s=600.0)
+LAYOUT = RecordLayout((32, 64), rows=2, max_segments_per_row=2)
 MAX_WAIT_S = CFG.max_wait_s
 _OUT: dict[str, list] = collections.defaultdict(list)  # run id -> FlushedRecords (same process)
 
@@ -85,12 +85,12 @@ def _collect(flushed, run_id):
     _OUT[run_id].append(flushed)
 
 
-def run(stream: BeamTestStream, cfg: PackingConfig = CFG, clock=zero_clock):
+def run(stream: BeamTestStream, cfg: PackingConfig = CFG, clock=zero_clock, layout: RecordLayout = LAYOUT):
     """Runs the stream through PackTrajectoryGroups; returns (FlushedRecords, rollout counters,
     rollout distributions), metrics summed over steps."""
     run_id = f"run{len(_OUT)}"
     p = beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"]))
-    _ = p | stream | PackTrajectoryGroups(cfg, clock=clock, keep_flush_info=True) | beam.Map(_collect, run_id)
+    _ = p | stream | PackTrajectoryGroups(cfg, layout, clock=clock, keep_flush_info=True) | beam.Map(_collect, run_id)
     result = p.run()
     result.wait_until_finish()
     metrics = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
@@ -101,7 +101,7 @@ def run(stream: BeamTestStream, cfg: PackingConfig = CFG, clock=zero_clock):
         dists[m.key.metric.name] = m.committed
     out = _OUT.pop(run_id, [])
     for f in out:  # every record: valid, of its bucket's shape, and it survives the wire
-        shape = (cfg.rows, f.seq_len)
+        shape = (layout.rows, f.seq_len)
         assert f.record.validate(shape).shape == shape
         assert R.decode(R.encode(f.record), shape).record_id == f.record.record_id
     return out, counters, dists
@@ -195,16 +195,17 @@ def test_buckets_never_mix_and_each_has_its_shape():
     want = {32: {"m/0", "m/1", "m/2"}, 64: {"m/3", "m/4", "m/5"}}
     got = collections.defaultdict(set)
     for f in out:
-        assert f.record.shape == (CFG.rows, f.seq_len)
+        assert f.record.shape == (LAYOUT.rows, f.seq_len)
         got[f.seq_len] |= ids(f)
     assert got == want
     assert counters["records_bucket_32"] >= 1 and counters["records_bucket_64"] >= 1
 
 
 def test_shards_pack_separately():
-    cfg = PackingConfig(buckets=(64,), rows=2, max_segments_per_row=4, window_s=10.0, max_wait_s=2.0, num_shards=2)
+    cfg = PackingConfig(window_s=10.0, max_wait_s=2.0, num_shards=2)
     g = group("s", [8] * 8)
-    out, _, _ = run(BeamTestStream().add_elements([g]).advance_watermark_to_infinity(), cfg)
+    stream = BeamTestStream().add_elements([g]).advance_watermark_to_infinity()
+    out, _, _ = run(stream, cfg, layout=RecordLayout((64,), rows=2, max_segments_per_row=4))
     shards = [{shard_of(i, 2) for i in ids(f)} for f in out]
     assert all(len(s) == 1 for s in shards)
     assert {s for ss in shards for s in ss} == {0, 1}  # these 8 ids hash to both shards
@@ -254,7 +255,7 @@ def test_content_duplicates_send_drop_notices_that_return_their_credits():
     run_id = "notices"
     p = beam.Pipeline(options=PipelineOptions(["--runner=BundleBasedDirectRunner", "--streaming"]))
     stream = BeamTestStream().add_elements([g, g]).add_elements([[g[1], copy]]).advance_watermark_to_infinity()
-    out = p | stream | PackTrajectoryGroups(cfg, clock=zero_clock, drop_notices=True)
+    out = p | stream | PackTrajectoryGroups(cfg, LAYOUT, clock=zero_clock, drop_notices=True)
     _ = out["dropped"] | beam.Map(_collect, run_id)
     p.run().wait_until_finish()
     notices = _OUT.pop(run_id, [])

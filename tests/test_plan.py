@@ -14,9 +14,9 @@ from core.policy.model.config import ModelConfig
 from localstack.launch import plan
 from localstack.launch.processes import ProcessGroup
 from tests._learner_data import random_record
+from trainer.config import LearnerJobConfig
 from trainer.learning import builder
 from trainer.learning.step.learner import Learner, LearnerConfig
-from trainer.learning.warmstart import WarmStartConfig
 
 
 def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):
@@ -51,8 +51,9 @@ def test_rl_starts_from_a_published_policy_instead_of_a_warm_start(tmp_path):
     src = Learner(ModelConfig(), LearnerConfig(batch_records=1, seed=7))
     PolicyStore(tmp_path / "store").publish(0, jax.tree.map(np.asarray, src.params_dict()))
     dst = Learner(ModelConfig(), LearnerConfig(batch_records=1, seed=0))
-    warm = WarmStartConfig(steps=5)  # not run: --init_policy comes first
-    start = builder.restore_or_initialise(dst, None, warm, "calculator", 0, init_policy=str(tmp_path / "store"))
+    job = dict(requests_topic="t", records_subscription="s", policy_root=str(tmp_path / "out"), env="calculator")
+    cfg = config.build(LearnerJobConfig, **job, warmstart_steps=5, init_policy=str(tmp_path / "store"))
+    start = builder.restore_or_initialise(dst, None, cfg)  # no warm start: --init_policy comes first
     assert start.warmstart_s < 5  # no warm start ran
     got, want = jax.tree.leaves(dst.params_dict()), jax.tree.leaves(src.params_dict())
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want))
@@ -60,7 +61,7 @@ def test_rl_starts_from_a_published_policy_instead_of_a_warm_start(tmp_path):
         dst.train_step([random_record(seed, rows=2, seq_len=64)])
     assert dst.compiled_variants() == 1
     with pytest.raises(ValueError, match="no complete policy"):
-        builder.restore_or_initialise(dst, None, warm, "calculator", 0, init_policy=str(tmp_path / "empty"))
+        builder.restore_or_initialise(dst, None, config.replace(cfg, init_policy=str(tmp_path / "empty")))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")

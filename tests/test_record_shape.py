@@ -61,7 +61,7 @@ def test_to_flags_round_trips(buckets, rows, segments):
 def test_learner_and_pipeline_read_the_same_flags_the_same_way():
     flags = to_flags(RecordLayout((128, 512), 8, 4))
     learner = task.parse_config(LEARNER_FLAGS + flags).record_layout
-    pipeline = rollout_config(PipelineOptions(flags).view_as(RolloutOptions)).packing.layout
+    pipeline = rollout_config(PipelineOptions(flags).view_as(RolloutOptions)).layout.layout
     assert learner == pipeline == RecordLayout((128, 512), 8, 4)
 
 
@@ -86,6 +86,6 @@ def test_both_sides_cap_episodes_at_the_trajectory_length():
     from pipelines.options import rollout_config
 
     flags = ["--policy_root=/x", "--buckets=1024", "--rows=2", "--max_segments_per_row=16", "--max_trajectory_len=200"]
-    assert rollout_config(PipelineOptions(flags)).engine.max_tokens == 200
+    assert rollout_config(PipelineOptions(flags)).layout.layout.trajectory_len == 200  # the workers' max_tokens
     learner = task.parse_config([*LEARNER_FLAGS, *flags[1:], "--warmstart_steps=1"])
-    assert learner.warmstart.max_seq_len == 200
+    assert learner.record_layout.trajectory_len == 200  # the learner's span and its warm start's rows

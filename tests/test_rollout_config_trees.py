@@ -111,7 +111,8 @@ def test_a_changed_rollout_config_round_trips_through_argv_and_beam():
     assert from_options(launcher) == cfg
     worker = PipelineOptions.from_dictionary(launcher.get_all_options())  # what a worker re-creates
     assert from_options(worker) == cfg
-    assert (cfg.engine.max_tokens, cfg.packing.buckets, cfg.packing.rows) == (200, (128, 256), 2)
+    layout = cfg.layout.layout  # the workers' trajectory cap and the packer's shapes
+    assert (layout.trajectory_len, layout.buckets, layout.rows) == (200, (128, 256), 2)
 
 
 def test_a_changed_evaluator_config_round_trips_through_argv():

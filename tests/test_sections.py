@@ -156,9 +156,9 @@ def test_a_section_given_after_construction_reaches_the_held_trees_again():
     moved = dataclasses.replace(cfg, model=ModelChoice(checkpoint="/ckpt/x"))
     assert moved.learner.model.checkpoint == moved.rollout.engine.model.checkpoint == "/ckpt/x"
     assert moved.evaluator.model.checkpoint == "/ckpt/x" and cfg.learner.model.checkpoint is None
-    # The learner's derived fields follow a shared layout: its warm start's rows are the layout's.
+    # A shared layout reaches the learner: its span and warm-start rows are built from it.
     longer = config.replace(cfg, max_trajectory_len=320)
-    assert longer.learner.warmstart.max_seq_len == longer.layout.layout.trajectory_len == 320
+    assert longer.learner.record_layout.trajectory_len == longer.layout.layout.trajectory_len == 320
 
 
 @configclass

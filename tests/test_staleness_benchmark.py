@@ -20,7 +20,7 @@ from core import config
 from localstack.launch.demo_config import DemoConfig
 from localstack.launch.plan import PlanConfig
 from trainer.learning.capacity import Measurements
-from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.data.feeder import CreditConfig, CreditWindow
 
 
 def base_plan(m: Measurements) -> dict:
@@ -62,7 +62,9 @@ def test_a_looser_bound_never_plans_fewer_in_flight_nor_a_tighter_drop_rule(m, t
 def deadlock_floor(m: Measurements) -> int:
     """The learner's smallest window for the planner's layout, in whole groups."""
     layout = config.build(PlanConfig).layout.layout
-    credits = CreditConfig(0, m.batch_records, layout.largest, DemoConfig.group_size)
+    credits = CreditWindow(
+        CreditConfig(max_batches_ahead=0, group_size=DemoConfig.group_size), m.batch_records, layout.largest
+    )
     return math.ceil(credits.min_window / DemoConfig.group_size) * DemoConfig.group_size
 
 

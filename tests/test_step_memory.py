@@ -74,7 +74,7 @@ def test_chunked_log_prob_gradients_equal_the_plain_ones():
 
 
 def _grads(compute: ComputeConfig, loss: losses.LossConfig | None = None, records=None):
-    loss = loss or losses.LossConfig(max_segments=3)
+    loss = loss or losses.LossConfig()
     lcfg = LearnerConfig(batch_records=2, compute=compute, loss=loss)
     learner = Learner(CFG, lcfg, model=init_model(CFG, 0))
     if loss.kl_coef:
@@ -104,10 +104,10 @@ def test_a_rematerialised_step_equals_the_plain_step():
 @pytest.mark.parametrize(
     "loss",
     [
-        losses.LossConfig(max_segments=3),
-        losses.LossConfig(max_segments=3, aggregation="seq-mean-token-mean", kl_coef=0.1),
-        losses.LossConfig(max_segments=3, aggregation="seq-mean-token-sum", algorithm="gspo_token", norm_len=32.0),
-        losses.LossConfig(max_segments=3, algorithm="decoupled_ppo", tis_cap=2.0),
+        losses.LossConfig(),
+        losses.LossConfig(aggregation="seq-mean-token-mean", kl_coef=0.1),
+        losses.LossConfig(aggregation="seq-mean-token-sum", algorithm="gspo_token", norm_len=32.0),
+        losses.LossConfig(algorithm="decoupled_ppo", tis_cap=2.0),
     ],
     ids=["ppo-token-mean", "seq-mean-kl", "gspo-seq-sum", "decoupled-tis"],
 )

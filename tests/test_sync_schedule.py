@@ -3,14 +3,13 @@ trains on all of a round and nothing else, padding that never trains a record tw
 
 import threading
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from core.contracts.record_shape import RecordShape
 from tests._learner_data import random_record
 from trainer.learning.data.batches import BatchBuffer
-from trainer.learning.data.feeder import CreditConfig, TrajectoryCredits
+from trainer.learning.data.feeder import CreditConfig, CreditWindow, TrajectoryCredits
 from trainer.learning.data.schedule import PADDING_ID, AsyncSchedule, SyncSchedule, padding_record, split_round
 from trainer.learning.data.staleness import StalenessConfig, StalenessControl
 
@@ -18,12 +17,10 @@ SHAPE = RecordShape(rows=4, seq_len=256, max_segments_per_row=2)
 
 
 def test_sync_window_is_one_round_of_whole_groups():
-    cfg = CreditConfig(max_batches_ahead=3, batch_records=8, shape=SHAPE, group_size=8, sync=True, steps_per_round=2)
+    cfg = CreditWindow(CreditConfig(max_batches_ahead=3, group_size=8), 8, SHAPE, sync=True, steps_per_round=2)
     assert cfg.window == 2 * 8 * 8  # max_batches_ahead plays no part
-    odd = CreditConfig(max_batches_ahead=0, batch_records=1, shape=SHAPE, group_size=3, sync=True, steps_per_round=1)
+    odd = CreditWindow(CreditConfig(max_batches_ahead=0, group_size=3), 1, SHAPE, sync=True, steps_per_round=1)
     assert odd.window == 9  # 8 rounded up to whole groups of 3
-    with pytest.raises(ValueError, match="steps_per_round"):
-        CreditConfig(max_batches_ahead=0, batch_records=1, shape=SHAPE, group_size=3, sync=True, steps_per_round=0)
 
 
 def test_round_credits_block_after_one_round_until_it_is_opened_again():

@@ -152,9 +152,10 @@ def test_behaviour_cloning_through_lora_adapters_in_the_checkpoints_format(qwen2
 
     learner = Learner(qwen2.cfg, LearnerConfig(batch_records=1, lora=LoraConfig(rank=4)), model=qwen2.model)
     base = jax.tree.map(np.array, learner.frozen)
-    ws = WarmStartConfig(steps=30, batch_rows=4, learning_rate=1e-2, warmup_steps=5, max_seq_len=512)
+    ws = WarmStartConfig(steps=30, batch_rows=4, learning_rate=1e-2, warmup_steps=5)
+    fmt = chat_format_for(qwen2.tokenizer)
     new, losses = warm_start(
-        learner.graphdef, learner.params, "calculator", TASKS[:16], ws, chat_format_for(qwen2.tokenizer), learner.frozen
+        learner.graphdef, learner.params, "calculator", TASKS[:16], ws, fmt, learner.frozen, seq_len=512
     )
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
     assert jax.tree.structure(new) == jax.tree.structure(learner.params)  # the adapter is what trained

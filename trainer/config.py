@@ -2,21 +2,20 @@
 
 Its sections are the component configs themselves (each field is its flag, declared once
 in the component's module): the record layout, the learner and its loss, staleness,
-credits, deliveries and the warm start. Fields computed from other sections (the loss's
-segments from the layout, the credits' batch and shape, the dedup horizon, the warm
-start's length and seed) are `derived()` and filled in here, so every component sees
-one consistent setting. Flags are flat (core/config.py): `--eps_low`, `--warmstart_lr`.
+credits, deliveries and the warm start. A section holds only what is set on it: values
+computed from other sections (the loss's segments from the layout, the credit window,
+the dedup horizon, the warm start's length and seed) are computed where the parts are
+built (trainer/learning/builder.py) and passed in. The rules that span sections live in
+`__post_init__`. Flags are flat (core/config.py): `--eps_low`, `--warmstart_lr`.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from core.config import configclass, knob, section
 from core.contracts.record_shape import LayoutConfig
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs
 from trainer.learning.data.deliveries import DeliveryConfig
-from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.data.feeder import CreditConfig, CreditWindow
 from trainer.learning.data.lag_control import LagControlConfig
 from trainer.learning.data.staleness import StalenessConfig
 from trainer.learning.data.starvation import StarvationConfig
@@ -125,11 +124,9 @@ class LearnerJobConfig:
     starvation: StarvationConfig = section(StarvationConfig, help="a learner that gets no records: says why, or stops")
 
     def __post_init__(self):
+        """The rules that span sections, in one place (each section checks its own)."""
         parse_mesh(self.mesh)  # refused here, naming --mesh
-        built = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name in ("learner", "staleness", "credits", "delivery", "warmstart"):
-            built[name] = _replace(built[name], **self.derive_section(name, built))
-            object.__setattr__(self, name, built[name])
+        self.credit_window().check()
         if self.lag.target is not None and not self.sync and self.lag.target > self.staleness.max_staleness:
             raise ValueError(
                 f"--lag_target {self.lag.target:g} is above --max_staleness {self.staleness.max_staleness}: "
@@ -140,39 +137,16 @@ class LearnerJobConfig:
                 f"lr_decay needs max_steps > lr_warmup_steps ({self.learner.lr_warmup_steps}), got {self.max_steps}"
             )
 
-    @classmethod
-    def derive_section(cls, name: str, built: dict) -> dict:
-        """The derived fields of section `name`, from the fields and sections before it
-        (core.config calls this while parsing, so each section is checked once, with its
-        real values; __post_init__ again for a tree built in Python)."""
-        layout = built["layout"].layout if "layout" in built else None
-        sync = built.get("sync", cls.sync)
-        if name == "learner" and "learner" in built:  # the loss, a section of the learner's
-            loss = built["learner"].loss
-            return {"loss": _replace(loss, max_segments=layout.max_segments_per_row)}
-        if name == "staleness" and sync:  # the baseline trains only on its own version, never waits
-            return {"max_staleness": 0, "max_mean_staleness": None}
-        if name == "credits":
-            learner = built["learner"]
-            return {
-                "batch_records": learner.batch_records,
-                "shape": layout.largest,
-                "sync": sync,
-                "steps_per_round": learner.publish_every,
-            }
-        if name == "delivery":
-            return {"max_staleness": built["staleness"].max_staleness}
-        if name == "warmstart":
-            return {"max_seq_len": layout.trajectory_len, "seed": built["learner"].seed}
-        return {}
+    def credit_window(self) -> CreditWindow:
+        """The feeder's window: the credit knobs against the batch and the layout's largest record."""
+        return CreditWindow(
+            self.credits, self.learner.batch_records, self.record_layout.largest, self.sync, self.learner.publish_every
+        )
+
+    def applied_staleness(self) -> StalenessConfig:
+        """The staleness the run applies: the sync baseline trains only on its own version, never waits."""
+        return StalenessConfig(max_staleness=0, max_mean_staleness=None) if self.sync else self.staleness
 
     @property
     def record_layout(self):
         return self.layout.layout
-
-
-def _replace(cfg, **changes):
-    """dataclasses.replace, only when something changes (each replace validates again)."""
-    if all(getattr(cfg, k) == v for k, v in changes.items()):
-        return cfg
-    return dataclasses.replace(cfg, **changes)

@@ -65,16 +65,7 @@ def run(cfg: LearnerJobConfig) -> RunSummary | None:
     tasks = builder.load_prompts(cfg.env.name, cfg.task_seed, cfg.data_dir, cfg.env.settings)
     checkpointer = builder.make_checkpointer(cfg.checkpoint_dir, cfg.checkpoint_unverified)
     with tracer.span("warm start or restore", "learner"):
-        start = builder.restore_or_initialise(
-            learner,
-            checkpointer,
-            cfg.warmstart,
-            cfg.env.name,
-            cfg.task_seed,
-            cfg.init_policy,
-            init_policy_unverified=cfg.init_policy_unverified,
-            env_config=cfg.env.settings,
-        )
+        start = builder.restore_or_initialise(learner, checkpointer, cfg)
     publisher = builder.make_publisher(cfg, learner, checkpointer, start)
     publisher.publish_start(start.resumed)  # v0 for the workers (or the resumed params again)
     stats = RunStats(peak_flops=cfg.peak_tflops * 1e12 if cfg.peak_tflops else None)

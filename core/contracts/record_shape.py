@@ -68,7 +68,9 @@ class RecordLayout:
     max_trajectory_len: int | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "buckets", b := tuple(self.buckets))
+        b = self.buckets
+        if not isinstance(b, tuple):
+            raise ValueError(f"buckets must be a tuple of sequence lengths, got {b!r}")
         if not b:
             raise ValueError("buckets must list at least one sequence length")
         for name, value in (*(("bucket sequence lengths", x) for x in b), ("rows", self.rows)):

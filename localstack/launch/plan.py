@@ -36,7 +36,7 @@ from core.sections import EnvChoice, ModelChoice
 from localstack.launch.staleness_evidence import default_bound
 from rollout.engine_config import EngineConfig
 from trainer.learning.capacity import Measurements, make_plan
-from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.data.feeder import CreditConfig, CreditWindow
 from trainer.learning.step.gradients import ComputeConfig
 from trainer.learning.step.learner import LearnerConfig
 
@@ -255,7 +255,9 @@ def run(cfg: PlanConfig) -> dict:
         tokens_per_trajectory=cfg.tokens_per_trajectory or env["tokens_per_trajectory"],
         slowest_episode_s=env["slowest_episode_s"] + generation_s,
     )
-    credits = CreditConfig(0, cfg.batch_records, layout.largest, cfg.group_size)
+    credits = CreditWindow(
+        CreditConfig(max_batches_ahead=0, group_size=cfg.group_size), cfg.batch_records, layout.largest
+    )
     if cfg.staleness_bound is None:
         bound, bound_why = default_bound(latency)
     else:

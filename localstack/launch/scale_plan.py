@@ -30,7 +30,7 @@ from core.policy.model.config import MODEL_CONFIGS
 from environments.latency import LatencyModel
 from localstack.launch import scale_model as sm
 from localstack.launch.accelerators import parse_slice
-from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.data.feeder import CreditConfig, CreditWindow
 from trainer.learning.step.learner import LearnerConfig
 
 MODEL_HELP = f"a preset ({', '.join([*PRESETS, *MODEL_CONFIGS])}), an HF checkpoint directory or its config.json"
@@ -153,7 +153,9 @@ def run(cfg: ScalePlanConfig) -> dict:
         learner = {**learner, "predicted_step_s": learner["step_s"], "step_s": cfg.learner_step_s}
     engine = sm.Engine(cfg.engine_slots, cfg.engine_prefill, cfg.engine_prefill_slots, cfg.cache_len or cfg.seq_len)
     worker = sm.rollout_worker(dims, rollout_hw, ep, engine, a)
-    shape_window = CreditConfig(0, cfg.batch_records, _shape(cfg), cfg.group_size).min_window
+    shape_window = CreditWindow(
+        CreditConfig(max_batches_ahead=0, group_size=cfg.group_size), cfg.batch_records, _shape(cfg)
+    ).min_window
     tpr = cfg.trajectories_per_record or batch.trajectories_per_record(cfg.episode_tokens)
     result = sm.plan(
         step_s=cfg.learner_step_s or learner["step_s"],

@@ -86,7 +86,6 @@ class VertexJobConfig:
     learner_args: tuple[str, ...] = derived((), "the learner's flags: everything after --")
 
     def __post_init__(self):
-        object.__setattr__(self, "tpu_topology", self.tpu_topology or "")  # None or '': no topology
         self._check_tensorboard()
         tpu = _TPU_CHIPS_PER_HOST.match(self.machine_type)
         if tpu and not self.tpu_topology:

@@ -27,7 +27,7 @@ from trainer.learning.capacity import Measurements, shortfall_warning
 from trainer.learning.data.batches import BatchBuffer
 from trainer.learning.data.consumer import RecordConsumer
 from trainer.learning.data.data_plane import DataPlane
-from trainer.learning.data.feeder import CreditConfig, Feeder, TrajectoryCredits
+from trainer.learning.data.feeder import CreditWindow, Feeder, TrajectoryCredits
 from trainer.learning.data.lag_control import LagController, window_bounds
 from trainer.learning.data.schedule import AsyncSchedule, SyncSchedule
 from trainer.learning.data.staleness import StalenessControl
@@ -38,7 +38,7 @@ from trainer.learning.step.learner import Learner
 from trainer.learning.step.lockstep import FollowerPlane
 from trainer.learning.step.sharding import make_mesh
 from trainer.learning.telemetry import LearnerTelemetry
-from trainer.learning.warmstart import WarmStartConfig, warm_start
+from trainer.learning.warmstart import warm_start
 
 log = logging.getLogger("trainer")
 
@@ -85,6 +85,7 @@ def make_learner(cfg: LearnerJobConfig, mesh) -> Learner:
         mesh,
         model=model,
         span=cfg.record_layout.trajectory_len,
+        max_segments=cfg.record_layout.max_segments_per_row,
         total_steps=cfg.max_steps,
         tokenizer=spec.tokenizer,
         tokenizer_source=spec.tokenizer_source,
@@ -123,20 +124,10 @@ def make_checkpointer(checkpoint_dir: str | None, unverified: bool = False) -> L
     return LearnerCheckpointer(checkpoint_dir, allow_unverified=unverified) if checkpoint_dir else None
 
 
-def restore_or_initialise(
-    learner: Learner,
-    checkpointer,
-    warmstart: WarmStartConfig,
-    env: str,
-    task_seed: int,
-    init_policy: str | None,
-    *,
-    init_policy_unverified: bool = False,
-    env_config: dict | None = None,
-) -> Start:
-    """The newest checkpoint's params, optimizer, reference and bookkeeping; else a warm
-    start (when asked) from the initial params. The KL reference is the policy RL starts
-    from, loaded once. init_policy_unverified: the init store may predate checksum manifests."""
+def restore_or_initialise(learner: Learner, checkpointer, cfg: LearnerJobConfig) -> Start:
+    """The newest checkpoint's params, optimizer, reference and bookkeeping; else the
+    newest version of --init_policy; else a warm start (when asked) from the initial
+    params. The KL reference is the policy RL starts from, loaded once."""
     if learner.cfg.loss.kl_coef > 0:
         learner.set_reference(learner.params)  # the right shapes, for the restore target
     restored = checkpointer.restore_latest(abstract_tree(learner_state_of(learner))) if checkpointer else None
@@ -145,14 +136,16 @@ def restore_or_initialise(
         learner.restore(step, state)
         return Start(meta["learner_version"], step, meta["feeder_position"], consumed_ids_of(meta))
     t0 = time.monotonic()
-    if init_policy:
-        found = PolicyStore(init_policy, allow_unverified=init_policy_unverified).load_latest(learner.params_dict())
+    warmstart, env, env_config = cfg.warmstart, cfg.env.name, cfg.env.settings
+    if cfg.init_policy:
+        store = PolicyStore(cfg.init_policy, allow_unverified=cfg.init_policy_unverified)
+        found = store.load_latest(learner.params_dict())
         if found is None:
-            raise ValueError(f"--init_policy {init_policy} holds no complete policy version")
+            raise ValueError(f"--init_policy {cfg.init_policy} holds no complete policy version")
         learner.load_params(found[1])  # the store holds plain dicts
-        log.info("initial params: version %d of %s (no warm start)", found[0], init_policy)
+        log.info("initial params: version %d of %s (no warm start)", found[0], cfg.init_policy)
     elif warmstart.steps:
-        demos = environments.make_tasks(env, task_seed + 1, warmstart.tasks, "train", env_config)
+        demos = environments.make_tasks(env, cfg.task_seed + 1, warmstart.tasks, "train", env_config)
         fmt = chat_format_for(learner.tokenizer)  # demonstrations in the model's own format
         # The warm start has its own optimizer: one Adam state in memory, not two.
         losses = learner.train_params_with(
@@ -166,6 +159,9 @@ def restore_or_initialise(
                 learner.frozen,
                 env_config,
                 compute=learner.cfg.compute,
+                # One transcript per row, up to the layout's trajectory length; the learner's seed.
+                seq_len=cfg.record_layout.trajectory_len,
+                seed=cfg.learner.seed,
             )
         )
         log.info("warm start: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
@@ -195,10 +191,10 @@ def make_publisher(cfg: LearnerJobConfig, learner: Learner, checkpointer, start:
     )
 
 
-def make_credits(cfg: CreditConfig) -> TrajectoryCredits:
+def make_credits(window: CreditWindow) -> TrajectoryCredits:
     # Same rows and segments per row in every bucket, so one credit rule covers them all.
-    log.info("feeder credits: %d trajectories in flight (%.2f batches ahead)", cfg.window, cfg.batches_ahead)
-    return TrajectoryCredits(cfg.window, rounds=cfg.sync, request_timeout_s=cfg.request_timeout)
+    log.info("feeder credits: %d trajectories in flight (%.2f batches ahead)", window.window, window.batches_ahead)
+    return TrajectoryCredits(window.window, rounds=window.sync, request_timeout_s=window.request_timeout)
 
 
 def read_plan(path: str | None) -> dict | None:
@@ -296,6 +292,7 @@ def make_consumer(cfg: LearnerJobConfig, layout: RecordLayout, start: Start, che
         {s.key for s in layout.shapes},
         cfg.dead_letter_topic,
         delivery=cfg.delivery,
+        max_staleness=cfg.applied_staleness().max_staleness,
         max_trajectory_len=layout.trajectory_len,
         consumed=start.consumed_ids,
         durable=None if checkpointer is None else checkpointer.durable_step,
@@ -307,7 +304,7 @@ def make_data_plane(cfg: LearnerJobConfig, tasks, publisher, start: Start, check
     if not is_primary():
         return FollowerPlane()  # one data plane per job, in process 0 (trainer/learning/step/lockstep.py)
     layout = cfg.record_layout
-    staleness, credits = StalenessControl(cfg.staleness), make_credits(cfg.credits)
+    staleness, credits = StalenessControl(cfg.applied_staleness()), make_credits(cfg.credit_window())
     plan = read_plan(cfg.plan)
     if not cfg.sync:
         warn_if_short(plan, credits, cfg.learner.publish_every)
@@ -326,11 +323,10 @@ def make_lag_control(cfg: LearnerJobConfig, credits: TrajectoryCredits) -> LagCo
     from the window the credits have (the plan's, or --max_in_flight)."""
     if cfg.lag.target is None or cfg.sync:
         return None
-    c = cfg.credits
-    floor, ceiling = window_bounds(
-        c.min_window, c.per_batch, cfg.learner.publish_every, cfg.staleness.max_staleness, c.group_size
-    )
-    lag = LagController(cfg.lag, credits.window, floor, ceiling, c.group_size)
+    w, group = cfg.credit_window(), cfg.credits.group_size
+    steps, bound = cfg.learner.publish_every, cfg.staleness.max_staleness
+    floor, ceiling = window_bounds(w.min_window, w.per_batch, steps, bound, group)
+    lag = LagController(cfg.lag, credits.window, floor, ceiling, group)
     if lag.window != credits.window:
         credits.resize(lag.window)
     log.info(

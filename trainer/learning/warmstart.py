@@ -28,7 +28,7 @@ from flax import nnx
 
 import environments
 from core import heap
-from core.config import configclass, derived, knob
+from core.config import configclass, knob
 from core.contracts.record_shape import DEFAULT_MAX_TRAJECTORY_LEN
 from core.policy.model.logprobs import token_logprobs_and_entropy
 from core.policy.text.chat_format import ChatFormat, chat_format_for
@@ -45,7 +45,6 @@ DIRECT_AT = ("first_turn", "any_turn")
 class WarmStartConfig:
     steps: int = knob(0, "behaviour-cloning steps on oracle episodes before policy v0 (0 = random init)", ge=0)
     batch_rows: int = knob(32, "oracle transcripts per warm-start step", flag="batch", ge=1)
-    max_seq_len: int = derived(DEFAULT_MAX_TRAJECTORY_LEN, "one transcript per row, up to the trajectory length", ge=1)
     learning_rate: float = knob(3e-3, "the warm start's peak learning rate", flag="lr", gt=0)
     # Cosine copied sharper than a constant rate on the calculator (docs/BENCHMARKS.md).
     schedule: str = knob(
@@ -68,7 +67,6 @@ class WarmStartConfig:
         "the demonstrations' style: the environment's default expert, or another it registers "
         "(calculator: whole, one call with the whole expression; needs max_ops_per_call to allow it)",
     )
-    seed: int = derived(0, "the learner's --seed")
     tasks: int = knob(
         1000, "oracle demonstrations drawn from this many generated train tasks (more tasks: less memorising)", ge=1
     )
@@ -244,15 +242,17 @@ def warm_start(
     frozen=None,
     env_config: dict | None = None,
     compute: ComputeConfig | None = None,
+    *,
+    seq_len: int = DEFAULT_MAX_TRAJECTORY_LEN,
+    seed: int = 0,
 ):
     """Returns (params, [loss per step]) after cfg.steps supervised steps on oracle rows in
-    the chat format `fmt`. With LoRA, `params` are the adapter's and `frozen` the base's:
-    only the adapter learns; `params` are donated (their arrays are consumed: use the ones
-    returned). compute: the learner's memory settings (the same path as its
-    RL step); the step is refused before it runs if it cannot fit in free memory."""
-    data = oracle_rows(
-        env_name, tasks, cfg.max_seq_len, cfg.direct_frac, cfg.seed, cfg.direct_at, fmt, env_config, cfg.oracle
-    )
+    the chat format `fmt`, one transcript of up to `seq_len` tokens (the layout's
+    trajectory length) per row, drawn with `seed` (the learner's). With LoRA, `params` are
+    the adapter's and `frozen` the base's: only the adapter learns; `params` are donated
+    (their arrays are consumed: use the ones returned). compute: the learner's memory
+    settings (the same path as its RL step); the step is refused before it runs if it cannot fit in free memory."""
+    data = oracle_rows(env_name, tasks, seq_len, cfg.direct_frac, seed, cfg.direct_at, fmt, env_config, cfg.oracle)
     lr = cfg.learning_rate
     if cfg.schedule == "cosine":
         # A warm start shorter than its warmup warms up for all but its last step.
@@ -263,7 +263,7 @@ def warm_start(
     compute = compute or ComputeConfig()
     num = compute.numerics()
     losses, compiled = [], None
-    for batch in sft_batches(data, cfg.batch_rows, cfg.steps, np.random.default_rng(cfg.seed)):
+    for batch in sft_batches(data, cfg.batch_rows, cfg.steps, np.random.default_rng(seed)):
         if compiled is None:  # one shape: compiled once, in the fastest layout that fits in free memory
             compiled = _compile_fitting(graphdef, tx, num, compute, params, opt_state, frozen, batch)
         params, opt_state, loss = compiled(params, opt_state, frozen, batch)

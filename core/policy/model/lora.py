@@ -43,19 +43,23 @@ class LoraConfig:
     alpha: float = knob(16.0, "LoRA alpha: the update is scaled by alpha / rank", gt=0)
     targets: tuple[str, ...] = knob(ATTENTION + MLP, f"the Linear layers to adapt, of {', '.join(TARGETS)}")
 
-    def __post_init__(self):
-        # PEFT's target names are accepted (k_proj and v_proj both mean the fused kv).
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The model's Linear layers the targets name: PEFT's names are accepted (k_proj and
+        v_proj both mean the fused kv)."""
         named = [HF_NAMES.get(t, t) for t in self.targets]
         if "k_proj" in self.targets and "v_proj" in self.targets:
             named.remove("kv")
-        object.__setattr__(self, "targets", tuple(named))
-        unknown = [t for t in self.targets if t not in TARGETS]
+        return tuple(named)
+
+    def __post_init__(self):
+        unknown = [t for t in self.layers if t not in TARGETS]
         if unknown:
             raise ValueError(
                 f"lora targets {unknown} are not Linear layers of the model; valid: {', '.join(TARGETS)} "
                 f"(or PEFT's {', '.join(HF_NAMES)})"
             )
-        if len(set(self.targets)) != len(self.targets):
+        if len(set(self.layers)) != len(self.layers):
             raise ValueError(f"lora targets {list(self.targets)} name a layer twice")
         if self.rank and not self.targets:
             raise ValueError("lora rank > 0 needs at least one target")
@@ -97,9 +101,9 @@ def add_lora(model: Transformer, cfg: LoraConfig, seed: int = 0) -> Transformer:
     if cfg.rank == 0:
         raise ValueError("add_lora needs lora rank > 0 (rank 0 is full fine-tuning)")
     rngs = nnx.Rngs(seed)
-    found = {t: 0 for t in cfg.targets}
+    found = {t: 0 for t in cfg.layers}
     for _, parent in list(nnx.iter_modules(model)):  # a list: the loop edits the graph
-        for name in cfg.targets:
+        for name in cfg.layers:
             linear = getattr(parent, name, None)
             if isinstance(linear, nnx.Linear):
                 lora = ScaledLoRA(

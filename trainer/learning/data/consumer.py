@@ -14,6 +14,7 @@ from core.contracts import pubsub_io
 from core.contracts.records import KIND_ATTRIBUTE, KIND_DROPPED, PackedRecord, RecordError, decode
 from trainer.learning.data.deliveries import Deliveries, DeliveryConfig
 from trainer.learning.data.schedule import PADDING_ID
+from trainer.learning.data.staleness import StalenessConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class RecordConsumer:
         dead_letter_topic: str | None = None,
         *,
         delivery: DeliveryConfig = DeliveryConfig(),
+        max_staleness: int = StalenessConfig.max_staleness,
         consumed: dict[str, int] | None = None,
         durable: Callable[[], int | None] | None = None,
         max_trajectory_len: int | None = None,
@@ -49,7 +51,7 @@ class RecordConsumer:
         self.dead_letter_topic = dead_letter_topic
         self.subscriber = pubsub_io.subscriber_client()
         self.publisher = pubsub_io.publisher_client() if dead_letter_topic else None
-        self.deliveries = Deliveries(delivery, consumed)
+        self.deliveries = Deliveries(delivery, consumed, max_staleness=max_staleness)
         self.durable = durable
         self.accepted = self.duplicates = self.rejected = 0
         # Failed pulls, acks, extensions and dead-letter publishes. A failed ack is not retried:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from core.config import configclass, derived, knob
+from core.config import configclass, knob
 from trainer.learning.data.staleness import StalenessConfig
 
 
@@ -39,9 +39,6 @@ class DeliveryConfig:
     )
     # Under half the deadline, so one late poll is no loss.
     extend_every_s: float = knob(30.0, "how often held records' deadlines are extended", flag="ack_extend_every_s")
-    max_staleness: int = derived(
-        StalenessConfig.max_staleness, "the learner's staleness bound: the dedup horizon", ge=0
-    )
 
     def __post_init__(self):
         if not 0 < self.extend_every_s < self.ack_deadline_s / 2:
@@ -63,8 +60,16 @@ class Deliveries:
     """The ledger; it talks to nobody. RecordConsumer turns its answers into acks, nacks
     and deadline extensions."""
 
-    def __init__(self, cfg: DeliveryConfig, consumed: dict[str, int] | None = None, clock=time.monotonic):
-        self.cfg, self.clock = cfg, clock
+    def __init__(
+        self,
+        cfg: DeliveryConfig,
+        consumed: dict[str, int] | None = None,
+        clock=time.monotonic,
+        *,
+        max_staleness: int = StalenessConfig.max_staleness,
+    ):
+        """max_staleness: the staleness the learner applies, the dedup set's horizon."""
+        self.cfg, self.clock, self.max_staleness = cfg, clock, max_staleness
         self.held: dict[str, _Held] = {}
         self.consumed: dict[str, int] = dict(consumed or {})  # record id -> its oldest policy version
         self.redelivered = self.expired = 0
@@ -100,7 +105,7 @@ class Deliveries:
         for held in self.held.values():
             if held.settled and held.covered_by is None:
                 held.covered_by = step
-        floor = learner_version - self.cfg.max_staleness
+        floor = learner_version - self.max_staleness
         old = [rid for rid, v in self.consumed.items() if 0 <= v < floor and rid not in self.held]
         for rid in old:
             del self.consumed[rid]

@@ -11,6 +11,7 @@ maximum wait, a window of (ahead + 1) * batch_records * rows * max_segments_per_
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import math
@@ -20,7 +21,7 @@ import uuid
 
 from google.api_core import exceptions as gexc
 
-from core.config import configclass, derived, knob
+from core.config import configclass, knob
 from core.contracts import pubsub_io
 from core.contracts.record_shape import RecordShape
 from core.contracts.rollout_request import RolloutRequest
@@ -31,14 +32,7 @@ log = logging.getLogger(__name__)
 @configclass
 class CreditConfig:
     max_batches_ahead: int = knob(1, "feeder credits, in batches beyond the one being filled", ge=0)
-    batch_records: int = derived(1, "the learner's --batch_records", ge=1)
-    shape: RecordShape = derived(RecordShape(1, 1, 1), "the layout's largest record shape")
     group_size: int = knob(4, "episodes per request (the GRPO group)", ge=1)
-    # Synchronous rounds: the window is the largest round, the trajectories that fill
-    # `steps_per_round` batches of full records (whole groups); SyncSchedule sizes each
-    # round within it from the packing it sees. max_batches_ahead unused.
-    sync: bool = derived(False, "the learner's --sync")
-    steps_per_round: int = derived(1, "the learner's --publish_every", ge=1)
     # The user's knob for the asynchronous window: trajectories in flight (Little's law:
     # the learner's consumption rate x episode latency). None: from max_batches_ahead.
     max_in_flight: int | None = knob(
@@ -50,18 +44,34 @@ class CreditConfig:
         300.0, "a rollout request not back within this is written off and asked again (async only)", gt=0
     )
 
-    def __post_init__(self):
-        if self.max_in_flight is not None and not self.sync:
-            if self.max_in_flight < self.min_window:
-                raise ValueError(
-                    f"max_in_flight={self.max_in_flight!r} could deadlock: the learner's next batch may need "
-                    f"{self.min_window} trajectories in flight (batch_records x rows x segments + group_size)"
-                )
+
+@dataclasses.dataclass(frozen=True)
+class CreditWindow:
+    """The window the credits allow: the credit knobs against what the learner consumes,
+    `batch_records` records of the layout's largest `shape` a step. Synchronous rounds
+    (`sync`): the window is the largest round, the trajectories that fill `steps_per_round`
+    batches of full records (whole groups); SyncSchedule sizes each round within it from
+    the packing it sees (max_batches_ahead unused). Built where the credits are
+    (trainer/learning/builder.py) and checked by the job's config (the deadlock rule)."""
+
+    cfg: CreditConfig
+    batch_records: int
+    shape: RecordShape
+    sync: bool = False
+    steps_per_round: int = 1
+
+    def check(self) -> None:
+        """Refuses a window that could deadlock (tests/test_credits.py)."""
+        if self.cfg.max_in_flight is not None and not self.sync and self.cfg.max_in_flight < self.min_window:
+            raise ValueError(
+                f"max_in_flight={self.cfg.max_in_flight!r} could deadlock: the learner's next batch may need "
+                f"{self.min_window} trajectories in flight (batch_records x rows x segments + group_size)"
+            )
 
     @property
     def request_timeout(self) -> float | None:
         """The timeout the credits apply: none in synchronous rounds (the round timeout does it)."""
-        return None if self.sync else self.request_timeout_s
+        return None if self.sync else self.cfg.request_timeout_s
 
     @property
     def per_batch(self) -> int:
@@ -70,20 +80,21 @@ class CreditConfig:
     @property
     def min_window(self) -> int:
         """The smallest window that always fills the next batch (tests/test_credits.py)."""
-        return self.per_batch + self.group_size
+        return self.per_batch + self.cfg.group_size
 
     @property
     def window(self) -> int:
+        group = self.cfg.group_size
         if self.sync:
-            return math.ceil(self.steps_per_round * self.per_batch / self.group_size) * self.group_size
-        if self.max_in_flight is not None:
-            return self.max_in_flight
-        return (self.max_batches_ahead + 1) * self.per_batch + self.group_size
+            return math.ceil(self.steps_per_round * self.per_batch / group) * group
+        if self.cfg.max_in_flight is not None:
+            return self.cfg.max_in_flight
+        return (self.cfg.max_batches_ahead + 1) * self.per_batch + group
 
     @property
     def batches_ahead(self) -> float:
         """The window as full batches beyond the one being filled (a derived view)."""
-        return (self.window - self.group_size) / self.per_batch - 1
+        return (self.window - self.cfg.group_size) / self.per_batch - 1
 
 
 class TrajectoryCredits:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from core import heap
 from core.config import configclass, knob, section
+from core.contracts.record_shape import DEFAULT_MAX_SEGMENTS_PER_ROW
 from core.contracts.records import ARRAY_SPECS, PackedRecord
 from core.policy.model.config import ModelConfig
 from core.policy.model.flops import segment_lengths, train_flops
@@ -79,7 +81,16 @@ def batch_from_records(records: list[PackedRecord]) -> dict[str, np.ndarray]:
     return {f: np.concatenate([getattr(r, f) for r in records], axis=0) for f in BATCH_FIELDS}
 
 
-def _loss_fn(graphdef, cfg: losses.LossConfig, num: Numerics, remat, span, frozen, params, ref_params, batch):
+class Rows(typing.NamedTuple):
+    """What the step needs of the record layout's rows (static): `span`, the longest
+    trajectory (None: whole rows), for banded attention; `segments`, trajectories per row
+    at most, for the loss's per-sequence sums."""
+
+    span: int | None = None
+    segments: int = DEFAULT_MAX_SEGMENTS_PER_ROW
+
+
+def _loss_fn(graphdef, cfg: losses.LossConfig, num: Numerics, remat, rows: Rows, frozen, params, ref_params, batch):
     """The RL loss of one micro-batch, normalised by the whole batch's totals (in `batch`).
     The forward runs on num.dtype copies of the weights: their gradients reach the float32
     params through the cast."""
@@ -88,7 +99,7 @@ def _loss_fn(graphdef, cfg: losses.LossConfig, num: Numerics, remat, span, froze
     def logprobs(p):  # the policy and the KL reference: the same attention
         model = _merged(graphdef, cast_floats(p, num.dtype), cast_floats(frozen, num.dtype))
         hidden = model.hidden(
-            tokens, batch["segment_ids"], batch["positions"], span=span, remat=remat, attention=num.attention
+            tokens, batch["segment_ids"], batch["positions"], span=rows.span, remat=remat, attention=num.attention
         )
         return token_logprobs_and_entropy(model.head, hidden, tokens, num.logit_chunk)
 
@@ -108,6 +119,7 @@ def _loss_fn(graphdef, cfg: losses.LossConfig, num: Numerics, remat, span, froze
         proximal_logp=proximal,
         ref_logp=ref,
         totals=totals,
+        max_segments=rows.segments,
     )
     metrics["losses/entropy"] = losses.masked_mean(entropy, mask, totals["tokens"])
     return loss, metrics
@@ -118,23 +130,23 @@ def _merged(graphdef, params, frozen):
     return nnx.merge(graphdef, params) if frozen is None else nnx.merge(graphdef, params, frozen)
 
 
-def _grads(graphdef, cfg, num: Numerics, lay: Layout, span, params, ref_params, batch, frozen=None):
+def _grads(graphdef, cfg, num: Numerics, lay: Layout, row: Rows, params, ref_params, batch, frozen=None):
     """((loss, metrics), grads) of the batch, in the layout's micro-batches."""
     rows = batch["tokens"].shape[0]
-    totals = losses.batch_totals(batch["loss_mask"], batch["segment_ids"], cfg.max_segments)
+    totals = losses.batch_totals(batch["loss_mask"], batch["segment_ids"], row.segments)
     # Every micro-batch divides by the whole batch's totals (a copy per row: the scan
     # slices every leaf of the batch along its rows).
     batch = {**batch, "totals": jax.tree.map(lambda x: jnp.broadcast_to(x, (rows,)), totals)}
 
     def loss_fn(p, part):
         part = {**part, "totals": jax.tree.map(lambda x: x[0], part["totals"])}
-        return _loss_fn(graphdef, cfg, num, lay.remat, span, frozen, p, ref_params, part)
+        return _loss_fn(graphdef, cfg, num, lay.remat, row, frozen, p, ref_params, part)
 
     return gradients.value_and_grad(loss_fn, params, batch, lay.micro_batches)
 
 
-def _train_step(graphdef, tx, cfg, num, lay, span, params, opt_state, ref_params, batch, frozen=None):
-    (loss, metrics), grads = _grads(graphdef, cfg, num, lay, span, params, ref_params, batch, frozen)
+def _train_step(graphdef, tx, cfg, num, lay, rows: Rows, params, opt_state, ref_params, batch, frozen=None):
+    (loss, metrics), grads = _grads(graphdef, cfg, num, lay, rows, params, ref_params, batch, frozen)
     # A non-finite loss or gradient (logits overflowing, say) must not reach the weights:
     # skip the update, keep the optimizer state, count it. A cond, not a select over the
     # trees: a select holds the old and the new params and moments at once (1 GB more at 135 M).
@@ -162,6 +174,7 @@ class Learner:
         mesh=None,
         model: Transformer | None = None,
         span: int | None = None,
+        max_segments: int = DEFAULT_MAX_SEGMENTS_PER_ROW,
         total_steps: int | None = None,
         tokenizer=BYTE_TOKENIZER,
         tokenizer_source: str = BYTE,
@@ -172,8 +185,10 @@ class Learner:
         it; each published version names where it came from).
         span: the layout's longest trajectory. Given, rows longer than it are scored with
         banded attention (exact only while no segment is longer: train_step refuses one).
+        max_segments: the layout's trajectories per row at most (the loss sums per segment).
         total_steps: the run's steps, over which cfg.lr_decay decays the learning rate."""
         self.model_cfg, self.cfg, self.mesh, self.span = model_cfg, cfg, mesh, span
+        self.rows = Rows(span, max_segments)
         self.tokenizer, self.tokenizer_source = tokenizer, tokenizer_source
         if model is None:
             model = init_model(model_cfg, cfg.seed)
@@ -248,7 +263,7 @@ class Learner:
 
     def _jitted(self, lay: Layout):
         if lay not in self._steps:
-            step = functools.partial(self._step_of, lay, self.span)
+            step = functools.partial(self._step_of, lay, self.rows)
             out = None if self.mesh is None else (self._shardings, self._opt_shardings, None)
             self._steps[lay] = jax.jit(step, donate_argnums=(0, 1), out_shardings=out)
         return self._steps[lay]
@@ -331,7 +346,7 @@ class Learner:
         else:  # the layout the step would run in
             self._executable(batch)
             lay = self.layouts[batch["tokens"].shape]
-        fn = functools.partial(_grads, self.graphdef, self.cfg.loss, self.numerics, lay, self.span)
+        fn = functools.partial(_grads, self.graphdef, self.cfg.loss, self.numerics, lay, self.rows)
         return jax.jit(fn)(self.params, self._reference(), batch, self.frozen)
 
     def restore(self, step: int, state: dict) -> None:

@@ -28,7 +28,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from core.config import configclass, derived, knob
+from core.config import configclass, knob
+from core.contracts.record_shape import DEFAULT_MAX_SEGMENTS_PER_ROW
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 4.9e8: far outside any clip range, far from f32 overflow
 ALGORITHMS = ("ppo", "gspo_token", "decoupled_ppo")
@@ -150,7 +151,6 @@ class LossConfig:
     eps_low: float = knob(0.2, "the ratio is clipped to [1 - eps_low, 1 + eps_high] (DAPO clip-higher)", ge=0, lt=1)
     eps_high: float = knob(0.28, "the upper clip of the ratio, 1 + eps_high", ge=0)
     aggregation: str = knob("token-mean", "how per-token losses reduce to one", choices=AGGREGATIONS)
-    max_segments: int = derived(8, ">= the packer's max segments per row (seq-* modes, gspo_token): the layout's", ge=1)
     tis_cap: float | None = knob(None, "truncated importance sampling cap C of min(pi_prox / mu, C) (unset: off)", gt=0)
     kl_coef: float = knob(
         0.0,
@@ -198,6 +198,7 @@ def policy_loss(
     proximal_logp=None,
     ref_logp=None,
     totals: dict | None = None,
+    max_segments: int = DEFAULT_MAX_SEGMENTS_PER_ROW,
 ):
     """The policy loss of cfg.algorithm, aggregated by cfg.aggregation, plus
     cfg.kl_coef * aggregate(reference_kl(logp, behaviour_logp, ref_logp)). Returns (loss, metrics).
@@ -215,6 +216,8 @@ def policy_loss(
     Diagnostics use token means over the mask, whatever the aggregation.
     totals: batch_totals of the whole batch when these arrays are one micro-batch of it:
     the loss and the mean diagnostics are then this part's share (they sum over the parts).
+    max_segments: static, at least the packer's segments per row (the record layout's):
+    the seq-* aggregations and gspo_token sum over segment ids 1..max_segments.
     """
     shapes = {a.shape for a in (logp, behaviour_logp, advantages, mask) if a is not None}
     for extra in (segment_ids, proximal_logp, ref_logp):
@@ -236,7 +239,7 @@ def policy_loss(
         mask=mask,
         segment_ids=segment_ids,
         mode=cfg.aggregation,
-        max_segments=cfg.max_segments,
+        max_segments=max_segments,
         norm_len=cfg.norm_len,
         totals=totals,
     )
@@ -261,7 +264,7 @@ def policy_loss(
     # 2. The importance ratio that gets clipped.
     if cfg.algorithm == "gspo_token":
         raw = jnp.where(mask, logp - anchor_logp, 0.0)
-        seq_log_ratio = sequence_mean_per_token(raw, mask, segment_ids, cfg.max_segments)
+        seq_log_ratio = sequence_mean_per_token(raw, mask, segment_ids, max_segments)
         seq_ratio = jnp.exp(jnp.clip(jax.lax.stop_gradient(seq_log_ratio), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         live_logp = jnp.where(mask, logp, 0.0)
         ratio = seq_ratio * jnp.exp(live_logp - jax.lax.stop_gradient(live_logp))
