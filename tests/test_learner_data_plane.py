@@ -111,6 +111,7 @@ def test_a_sync_rounds_untrained_batches_count_as_buffered():
     summary = plane.summary(_Learner(), _Start(), _Publisher(), exit_code=143)
     assert summary.schedule == "sync" and summary.sync.rounds == 0 and summary.exit_code == 143
     assert summary.accounting == a and summary.steps == 1
+    assert summary.policy_version_writes == _Publisher.writes  # what each version cost on storage
 
 
 class _Learner:
@@ -125,7 +126,7 @@ class _Start:
 
 
 class _Publisher:
-    published = [0]
+    published, writes = [0], [{"version": 0, "kind": "full", "bytes": 10, "seconds": 0.1}]
 
 
 def test_the_lag_controller_sees_the_trained_records_lag_and_resizes_the_credits_at_a_version():
@@ -142,5 +143,5 @@ def test_the_lag_controller_sees_the_trained_records_lag_and_resizes_the_credits
     assert "mean lag 4.00 against target 1" in plane.lag.changes[0].reason
     summary = plane.summary(type("L", (), {"steps": 1, "mesh": None, "compiled_variants": lambda s: 1})(),
                             type("S", (), {"resumed_from_step": None, "warmstart_s": 0.0})(),
-                            type("P", (), {"published": [0, 1]})())  # fmt: skip
+                            type("P", (), {"published": [0, 1], "writes": []})())  # fmt: skip
     assert summary.lag_control["window"] == 66 and len(summary.lag_control["changes"]) == 1
