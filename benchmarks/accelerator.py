@@ -89,7 +89,13 @@ def engine_cases(tiny: bool):
 
     if tiny:
         return [C("tiny", 4, 16, 16, "float32", 4, 16, 4)]
-    return [C("smollm2-135m", 256), C("smollm2-135m", 256, decode_steps=1), C("smollm2-135m", 64, dtype="float32")]
+    return [
+        C("smollm2-135m", 256),
+        C("smollm2-135m", 256, decode_steps=1),
+        C("smollm2-135m", 256, decode_steps=32),  # fewer host round trips than the default K
+        C("smollm2-135m", 256, decode_steps=64),
+        C("smollm2-135m", 64, dtype="float32"),
+    ]
 
 
 def main(argv=None) -> int:
