@@ -4,8 +4,9 @@
 
 Loads every complete version of a store that a `--delta_every` run wrote, in order, with
 the `VersionLoader` a rollout worker builds (a delta is applied to the full version the
-loader holds), three times: alone; beside two processes that keep both cores busy; beside
-one Python thread that holds the GIL, as a worker's event loop and engine threads do.
+loader holds), four times: alone; beside two processes that keep both cores busy; beside
+one Python thread that holds the GIL, as a worker's event loop and engine threads do, with
+the loader's short GIL handoffs (core/policy/versions.py) and with Python's default 5 ms.
 Prints the seconds of each load. Nothing is written to the store.
 """
 
@@ -25,6 +26,7 @@ from _report import machine_info, print_table
 from core import config
 from core.config import configclass, knob
 from core.contracts.store import PolicyStore
+from core.policy import versions
 from core.policy.model.transformer import abstract_model, split_params
 from core.policy.sources import policy_spec
 from core.policy.versions import VersionLoader
@@ -72,14 +74,16 @@ def main(argv=None) -> int:
         for p in burners:
             p.terminate()
             p.join()
-    stop = threading.Event()
-    spinner = threading.Thread(target=_spin, args=(stop,), daemon=True)
-    spinner.start()
-    try:
-        runs["one Python thread holding the GIL"] = _load_all(store, spec, template)
-    finally:
-        stop.set()
-        spinner.join()
+    for label, handoff_s in (("", versions._LOAD_SWITCH_INTERVAL_S), (", Python's 5 ms handoffs", 5e-3)):
+        versions._LOAD_SWITCH_INTERVAL_S = handoff_s  # the loader's shorter GIL handoffs, or none
+        stop = threading.Event()
+        spinner = threading.Thread(target=_spin, args=(stop,), daemon=True)
+        spinner.start()
+        try:
+            runs["one Python thread holding the GIL" + label] = _load_all(store, spec, template)
+        finally:
+            stop.set()
+            spinner.join()
     print(machine_info())
     rows = [[beside, f"v{v} {kind}", f"{s:.2f}"] for beside, loads in runs.items() for v, kind, s in loads]
     print_table("reload seconds, in store order", ["beside", "version", "load s"], rows)

@@ -16,7 +16,10 @@ kept full version is all a reader ever needs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +58,10 @@ class VersionLoader:
 
     def load(self, version: int) -> tuple[nnx.State, dict]:
         """(plain params State, the version's metadata file); StoreError when it cannot be served."""
+        with _prompt_gil_handoffs():
+            return self._load(version)
+
+    def _load(self, version: int) -> tuple[nnx.State, dict]:
         t0 = time.monotonic()
         meta = self.store.read_metadata(version)
         published = meta.get("metadata", {})
@@ -119,6 +126,32 @@ class VersionLoader:
         stored = self.store.load(version, store_delta.stored_target(meta["leaves"], target))
         self._held = (version, stored)
         return as_target(stored, target, f"policy version {version}")
+
+
+# A load makes about a thousand GIL-releasing numpy, zstd and hashing calls. Beside a
+# thread that keeps the GIL (a worker's event loop and engine), each waits up to the
+# switch interval (5 ms by default) to get it back: a 0.6 s delta took 9-11 s
+# (benchmarks/delta_reload.py). Shorter handoffs while a load runs, process-wide.
+_LOAD_SWITCH_INTERVAL_S = 1e-4
+_switch_lock = threading.Lock()
+_loads_running = 0
+
+
+@contextlib.contextmanager
+def _prompt_gil_handoffs():
+    global _loads_running
+    with _switch_lock:
+        if _loads_running == 0:
+            _prompt_gil_handoffs.saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_LOAD_SWITCH_INTERVAL_S, _prompt_gil_handoffs.saved))
+        _loads_running += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _loads_running -= 1
+            if _loads_running == 0:
+                sys.setswitchinterval(_prompt_gil_handoffs.saved)
 
 
 @functools.cache
