@@ -65,6 +65,7 @@ def rollout_alone(
     plan_flags: list[str] = (),
     settings: dict | None = None,
     env_name: str = "calculator",
+    env_config: dict | None = None,
     learner: tuple[set[int], int] | None = None,
 ) -> dict:
     """Trajectories/s and tokens/s of the rollout side when requests never run out; the
@@ -103,9 +104,10 @@ def rollout_alone(
         job = config.replace(config.parse(RolloutJobConfig, list(plan_flags), base=job), **(settings or {}))
         cmd = rollout_command(job, emu.project)
         os.environ.update(emu.env())
-        tasks = environments.make_tasks(env_name, 7, 2000, "train")
+        env_settings = {**(env_config or {}), "tool_latency": tool_latency}  # what the requests carry
+        tasks = environments.make_tasks(env_name, 7, 2000, "train", env_settings)
         credits = TrajectoryCredits(window)
-        feeder = Feeder(req_t, tasks, credits, group_size, env_name, {"tool_latency": tool_latency})
+        feeder = Feeder(req_t, tasks, credits, group_size, env_name, env_settings)
         with ProcessGroup(cmd, workdir / "pipeline.log", env, cpus=rollout_cpus) as pipeline:
             feeder.start()
             return _drain(emu, rec_s, credits, pipeline, workdir, warm_s, measure_s, feeder, learner)

@@ -21,7 +21,14 @@ from trainer.learning.step.learner import Learner, LearnerConfig
 
 def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):
     cfg = config.build(
-        plan.PlanConfig, tool_latency="fixed:0.05", episodes=8, learner_steps=1, batch_records=2, engine_slots=8
+        plan.PlanConfig,
+        tool_latency="fixed:0.05",
+        episodes=8,
+        learner_steps=1,
+        batch_records=2,
+        engine_slots=8,
+        max_concurrent_groups=2,
+        rollout_measure_s=1.0,
     )
     r = plan.run(cfg)
     env, m = r["measured"]["environment"], r["measurements"]
@@ -30,7 +37,10 @@ def test_the_planner_measures_and_writes_settings_the_jobs_accept(tmp_path):
     assert 1 <= m["trajectories_per_record"] <= 4 * 4 and 0 < r["measured"]["learner"]["fill"] <= 1  # rows x segments
     g = cfg.group_size  # whole groups, never below the floor (2 records x 4 rows x 4 segments + a group)
     assert r["plan"]["max_in_flight"] % g == 0 and r["plan"]["max_in_flight"] >= 2 * 4 * 4 + g
-    assert r["rollout_rate_source"].startswith("engine only")
+    # The rate planned with is whole groups of episodes, not the engine's tokens alone.
+    assert r["rollout_rate_source"].startswith("episodes (initial")
+    assert m["rollout_rate"] == r["measured"]["rollout"]["trajectories_per_s"] > 0
+    assert r["engine_only_rate"] > 0
     # The flags parse in the jobs that take them.
     from pipelines.options import RolloutOptions
     from trainer.task import parse_config as learner_config

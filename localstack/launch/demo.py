@@ -107,10 +107,16 @@ def cpu_set(text: str | None) -> set[int] | None:
 
 def planner_config(cfg: DemoConfig, out: Path) -> PlanConfig:
     """The planner's tree: the run-wide values, and the sections its measurement shares with
-    the run (the learner's step memory too)."""
+    the run (the learner's step memory and the rollout job's engine too)."""
     plan_cfg = config.build(PlanConfig, **config.forwarded(cfg, "planner"), out=str(out))
     return dataclasses.replace(
-        plan_cfg, env=cfg.env, model=cfg.model, layout=cfg.layout, lora=cfg.lora, compute=cfg.learner.learner.compute
+        plan_cfg,
+        env=cfg.env,
+        model=cfg.model,
+        layout=cfg.layout,
+        lora=cfg.lora,
+        compute=cfg.learner.learner.compute,
+        engine=cfg.rollout.engine,  # its episodes run as the rollout job's will
     )
 
 

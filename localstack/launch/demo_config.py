@@ -93,7 +93,7 @@ class DemoConfig:
         1.0, "a partly filled record is flushed after this long (planner and packer)", to=(ROLLOUT, PLANNER)
     )
     init_policy: str | None = knob(
-        None, "start RL from this policy store's newest version (no warm start)", to=(LEARNER,)
+        None, "start RL from this policy store's newest version (no warm start)", to=(LEARNER, PLANNER)
     )
     resume: bool = knob(False, "continue from the learner checkpoint a previous run left in --workdir")
     max_restarts: int = knob(3, "times a dead rollout job, and a dead Pub/Sub emulator, is started again", ge=0)

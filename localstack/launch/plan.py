@@ -4,8 +4,10 @@ A latency audit before a run. It measures, on this machine:
 - the environment: oracle episodes through the real environment and its latency model
   (tool calls and tool wait per episode, the slowest episode of a synchronous round);
 - the rollout engine: decode step time with every slot busy, hence generation time per
-  episode and an engine-only ceiling of episodes/s (Beam's own cost is not in it: pass the
-  rollout side's measured ceiling with --rollout_rate, as benchmarks/utilization.py does);
+  episode and an engine-only ceiling of episodes/s (an upper bound: no host work in it);
+- the rollout rate: whole groups of real episodes through a worker's engine and episode
+  loop, tools included (localstack/launch/plan_rollout.py); Beam's own cost is not in it:
+  pass the rollout side's measured ceiling with --rollout_rate, as benchmarks/utilization.py does;
 - the learner: its step time on records packed from those transcripts by the real packer,
   hence trajectories per record and fill.
 Then `trainer.learning.capacity` applies Little's law and says what binds; the plan is
@@ -33,6 +35,7 @@ from core.policy.model.lora import LoraConfig
 from core.policy.sources import policy_spec
 from core.policy.text.chat_format import ChatFormat, chat_format_for
 from core.sections import EnvChoice, ModelChoice
+from localstack.launch.plan_rollout import measure_rollout
 from localstack.launch.staleness_evidence import default_bound
 from rollout.engine_config import EngineConfig
 from trainer.learning.capacity import Measurements, make_plan
@@ -40,6 +43,16 @@ from trainer.learning.data.feeder import CreditConfig, CreditWindow
 from trainer.learning.step.gradients import ComputeConfig
 from trainer.learning.step.learner import LearnerConfig
 
+# The rollout job's knobs that no episode of the planner's reads.
+ENGINE_PLUMBING = (
+    "queued_groups",
+    "admit_poll_s",
+    "commit_interval_s",
+    "request_shards",
+    "policy_poll_s",
+    "policy_wait_s",
+    "telemetry_every_s",
+)
 DEFAULT_PIPELINE_S = 1.0  # request publish + bundle + commit + record publish + poll (docs/BENCHMARKS.md)
 
 
@@ -62,15 +75,25 @@ class PlanConfig:
     )
     max_wait_s: float = knob(1.0, "the packer's max wait (adds to the latency)")
     pipeline_s: float | None = knob(None, "transport latency (unset: a measured constant)")
-    engine_slots: int = knob(EngineConfig.slots, "KV-cache slots per rollout worker (the rollout job's)")
-    rollout_rate: float | None = knob(None, "measured rollout ceiling, trajectories/s")
+    rollout_rate: float | None = knob(None, "measured rollout ceiling, trajectories/s (unset: measured here)")
+    rollout_measure_s: float = knob(
+        20.0, "seconds of whole groups of episodes timed for the rollout rate (0: the engine-only ceiling)", ge=0
+    )
+    init_policy: str | None = knob(
+        None, "the episodes' policy: this store's newest version (unset: the model's initial weights)"
+    )
     workers: int = knob(1, "rollout workers (0: size the pool)")
     # Measured elsewhere, on the real stream (benchmarks/utilization.py passes its ceilings'):
     learner_step_s: float | None = knob(None, "measured learner step time")
     trajectories_per_record: float | None = knob(None, "measured on the real stream")
     tokens_per_trajectory: float | None = knob(None, "measured on the real stream")
     learner_steps: int = knob(5, "timed learner steps")
-    model: ModelChoice = section(ModelChoice, help="the policy model (the learner's)")
+    model: ModelChoice = section(ModelChoice, help="the policy model (the learner's)", shared=True)
+    engine: EngineConfig = section(  # the settings its episodes depend on are flags; the job's plumbing is not
+        EngineConfig,
+        help="a rollout worker's engine and episodes (the rollout job's)",
+        hide=(*ENGINE_PLUMBING, "logdir", "trace_dir"),
+    )
     out: str | None = knob(None, "write the plan here as JSON")
     layout: LayoutConfig = section(LayoutConfig, help="the record layout, the same on both sides")
     compute: ComputeConfig = section(ComputeConfig, help="the learner step's memory settings (the learner's)")
@@ -238,7 +261,12 @@ def run(cfg: PlanConfig) -> dict:
     layout = cfg.layout.layout
     spec, latency = policy_spec(cfg.model.checkpoint, cfg.model.builtin), cfg.env.tool_latency or "none"
     env = measure_environment(cfg.env.name, latency, cfg.episodes, chat_format_for(spec.tokenizer), cfg.env.config)
-    engine = measure_engine(cfg.engine_slots, layout.trajectory_len, spec.cfg)
+    engine = measure_engine(cfg.engine.slots, layout.trajectory_len, spec.cfg)
+    rollout = None
+    if cfg.rollout_rate is None and cfg.rollout_measure_s > 0:
+        rollout = measure_rollout(
+            spec, cfg.engine, cfg.env, cfg.group_size, layout.trajectory_len, cfg.rollout_measure_s, cfg.init_policy
+        )
     lengths = env.pop("lengths")
     learner = measure_learner(
         layout, cfg.batch_records, lengths, cfg.learner_steps, spec.cfg, compute=cfg.compute, lora=cfg.lora
@@ -251,7 +279,7 @@ def run(cfg: PlanConfig) -> dict:
         batch_records=cfg.batch_records,
         episode_s=env["episode_wall_s"] + generation_s,
         pipeline_s=cfg.max_wait_s + (DEFAULT_PIPELINE_S if cfg.pipeline_s is None else cfg.pipeline_s),
-        rollout_rate=cfg.rollout_rate or engine_rate,
+        rollout_rate=cfg.rollout_rate or (rollout and rollout["trajectories_per_s"]) or engine_rate,
         tokens_per_trajectory=cfg.tokens_per_trajectory or env["tokens_per_trajectory"],
         slowest_episode_s=env["slowest_episode_s"] + generation_s,
     )
@@ -274,8 +302,9 @@ def run(cfg: PlanConfig) -> dict:
     return {
         "env": cfg.env.name,
         "tool_latency": latency,
-        "rollout_rate_source": "measured" if cfg.rollout_rate else "engine only (upper bound)",
-        "measured": {"environment": env, "engine": engine, "learner": learner},
+        "rollout_rate_source": _rate_source(cfg, rollout),
+        "engine_only_rate": engine_rate,
+        "measured": {"environment": env, "engine": engine, "rollout": rollout, "learner": learner},
         "measurements": m.__dict__,
         "learner_rate": m.learner_rate,
         "latency_s": m.latency_s,
@@ -296,6 +325,14 @@ def run(cfg: PlanConfig) -> dict:
     }
 
 
+def _rate_source(cfg: PlanConfig, rollout: dict | None) -> str:
+    if cfg.rollout_rate:
+        return "given (--rollout_rate)"
+    if rollout and rollout["trajectories_per_s"] > 0:
+        return f"episodes ({rollout['policy']}, {rollout['groups']} groups)"
+    return "engine only (upper bound)"
+
+
 def describe(r: dict) -> list[str]:
     m, p, a, s = r["measurements"], r["plan"], r["predicted"]["async"], r["predicted"]["sync"]
     return [
@@ -303,7 +340,8 @@ def describe(r: dict) -> list[str]:
         f"+{m['pipeline_s']:.2f} s to the learner, {m['tokens_per_trajectory']:.0f} tokens",
         f"learner: {m['step_s'] * 1000:.0f} ms/step, {m['trajectories_per_record']:.2f} trajectories/record "
         f"(fill {r['measured']['learner']['fill']:.1%}) -> {r['learner_rate']:.1f} trajectories/s at duty 1",
-        f"rollout: {m['rollout_rate']:.1f} trajectories/s per worker ({r['rollout_rate_source']})",
+        f"rollout: {m['rollout_rate']:.1f} trajectories/s per worker ({r['rollout_rate_source']}"
+        + (f"; engine only {r['engine_only_rate']:.1f})" if "engine_only_rate" in r else ")"),  # older plans lack it
         f"plan: {p['max_in_flight']} trajectories in flight, staleness bound {p['max_staleness']}, "
         f"{p['rollout_workers']} worker(s) x {p['max_concurrent_groups']} groups, {p['engine_slots']} slots",
         f"staleness: {p.get('staleness_bound_why', p['staleness_bound'])}",
