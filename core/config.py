@@ -39,7 +39,7 @@ from core.config_checks import (
 from core.config_text import base_type, format_value, parse_value, parser_for
 
 _FLAG, _PREFIX, _HIDE, _REPEAT, _WIRING, _LAUNCHED = "flag", "prefix", "hide", "repeat", "wiring", "launched"
-_TO = "to"
+_TO, _LIKE = "to", "like"
 __all__ = [
     "KnobError",
     "build",
@@ -47,6 +47,7 @@ __all__ = [
     "configclass",
     "derived",
     "knob",
+    "knob_like",
     "launched",
     "parse",
     "section",
@@ -96,6 +97,20 @@ def knob(
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=metadata, **kw)
     return dataclasses.field(default=default, metadata=metadata, **kw)
+
+
+def knob_like(cls, name: str, default: Any = dataclasses.MISSING, *, to: tuple[str, ...] = ()):
+    """Field `name` of `cls` as another tree holds it: one declaration (help, bounds, choices,
+    flag name), with the holder's preset as its default (else the field's own). For a
+    run-wide value the holder sets `to` its processes, and a planner's copy of a job's knob;
+    the holder's field takes the same name."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    metadata = {**field.metadata, _LIKE: (cls, name)}
+    if to:
+        metadata[_TO] = tuple(to)
+    if default is dataclasses.MISSING and field.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=field.default_factory, metadata=metadata)
+    return dataclasses.field(default=field.default if default is dataclasses.MISSING else default, metadata=metadata)
 
 
 def derived(default: Any = dataclasses.MISSING, help: str = "", **checks):

@@ -61,7 +61,9 @@ class PackingConfig:
     # Dropped groups send a drop notice on the records topic, which returns their feeder
     # credits (docs/ARCHITECTURE.md, "Credits").
     filter_zero_signal: bool = knob(
-        False, "drop groups whose advantages are all 0 (a drop notice returns their credits)"
+        False,
+        "drop groups whose rewards are all equal: their advantages are all 0, so they carry no gradient and "
+        "only dilute it (a drop notice returns their credits)",
     )
     overlong: str = knob(
         "truncate", "a trajectory longer than the largest bucket is truncated or dropped", choices=OVERLONG_POLICIES

@@ -14,6 +14,7 @@ from core.config import configclass, knob, section
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs
 from localstack.launch import demo
 from localstack.launch.demo_config import DemoConfig, parse_args
+from localstack.launch.plan import PlanConfig
 from pipelines.config import RolloutJobConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
@@ -119,6 +120,35 @@ def test_a_run_wide_value_is_set_in_each_process_named_and_is_no_flag_there():
                 assert prefixes[section_name] + name not in flags  # the demo's flag, not the process's
                 tree = config.launched(given, section_name)
             assert config.get(tree, _path(tree, name)) == getattr(given, name)
+
+
+# Each tree a run-wide value can be set in, as its own process parses it.
+RUN_WIDE_TARGETS = {"learner": LearnerJobConfig, "rollout": RolloutJobConfig, "planner": PlanConfig}
+
+
+def _declaration(leaf) -> tuple:
+    return (leaf.type, leaf.help, leaf.choices, leaf.bounds)
+
+
+def test_each_run_wide_value_is_declared_once_in_the_process_that_reads_it():
+    """A value the demo sets in its processes (`to`), and a job's knob the planner plans by,
+    is the process's own declaration (`knob_like`): one help, one type, one set of checks.
+    The holder may preset another value; nothing else about the flag is said twice."""
+    holders = {"demo": (DemoConfig, None), "planner": (PlanConfig, ("learner", "rollout"))}
+    checked = set()
+    for holder_name, (holder, to_all) in holders.items():
+        mine = {leaf.flag: leaf for leaf in config.leaves(holder)}
+        for f in dataclasses.fields(holder):
+            targets = f.metadata.get("to", ()) or (to_all if "like" in f.metadata else ())
+            for target in targets:
+                theirs = {leaf.flag: leaf for leaf in config.leaves(RUN_WIDE_TARGETS[target])}
+                if f.name not in theirs:
+                    continue  # the planner's knobs name one job or the other
+                assert "like" in f.metadata, f"--{f.name}: declared again in {holder_name}, not knob_like"
+                assert _declaration(mine[f.name]) == _declaration(theirs[f.name]), (holder_name, f.name, target)
+                checked.add((holder_name, f.name))
+    assert {("demo", n) for n in ("max_steps", "group_size", "filter_zero_signal", "target_duty")} <= checked
+    assert {("planner", n) for n in ("batch_records", "group_size", "publish_every", "max_wait_s")} <= checked
 
 
 def _path(tree, flag: str) -> tuple[str, ...]:

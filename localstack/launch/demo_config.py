@@ -17,13 +17,18 @@ import os
 import sys
 
 from core import config
-from core.config import configclass, knob, section
+from core.config import configclass, knob, knob_like, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.model.lora import LoraConfig
 from core.sections import EnvChoice, ModelChoice, TelemetryDirs, TurnBudget
+from localstack.launch.plan import PlanConfig
 from pipelines.config import RolloutJobConfig
+from pipelines.packing_config import PackingConfig
+from rollout.engine_config import EngineConfig
 from rollout.evaluator import EvaluatorConfig
 from trainer.config import LearnerJobConfig
+from trainer.learning.data.feeder import CreditConfig
+from trainer.learning.step.learner import LearnerConfig
 from trainer.learning.warmstart import WarmStartConfig
 
 SET_BY_DEMO = "set-by-the-demo"  # placeholder for a field the demo fills in at launch
@@ -75,26 +80,18 @@ class DemoConfig:
 
     workdir: str | None = knob(None, "logs, policy store and summary (unset: a temp dir)")
     # Run-wide values: the demo reads them too (progress, deadline, accounting), and `to`
-    # sets each in the named processes' trees, which offer no flag of their own for it.
-    max_steps: int = knob(40, "learner steps", to=(LEARNER,))
-    publish_every: int = knob(2, "learner steps per policy version", to=(LEARNER, PLANNER))
-    batch_records: int = knob(4, "records per learner step (up to 16 episodes each)", to=(LEARNER, PLANNER))
-    group_size: int = knob(8, "episodes per prompt (GRPO group)", to=(LEARNER, PLANNER))
-    filter_zero_signal: bool = knob(
-        True,
-        "drop groups whose rewards are all equal (they carry no gradient, only dilute it); "
-        "--no-filter_zero_signal trains on them too",
-        to=(ROLLOUT,),
-    )
-    sync: bool = knob(False, "the synchronous baseline: one round of rollouts per policy version", to=(LEARNER,))
-    timeout_s: float = knob(900.0, "the learner gives up after this long", to=(LEARNER,))
-    policy_poll_s: float = knob(0.5, "how often rollout workers look for a new policy version", to=(ROLLOUT,))
-    max_wait_s: float = knob(
-        1.0, "a partly filled record is flushed after this long (planner and packer)", to=(ROLLOUT, PLANNER)
-    )
-    init_policy: str | None = knob(
-        None, "start RL from this policy store's newest version (no warm start)", to=(LEARNER, PLANNER)
-    )
+    # sets each in the named processes' trees, which offer no flag of their own for it. Each
+    # is the process's own declaration (`knob_like`), with the main job's preset.
+    max_steps: int = knob_like(LearnerJobConfig, "max_steps", 40, to=(LEARNER,))
+    publish_every: int = knob_like(LearnerConfig, "publish_every", 2, to=(LEARNER, PLANNER))
+    batch_records: int = knob_like(LearnerConfig, "batch_records", 4, to=(LEARNER, PLANNER))
+    group_size: int = knob_like(CreditConfig, "group_size", 8, to=(LEARNER, PLANNER))
+    filter_zero_signal: bool = knob_like(PackingConfig, "filter_zero_signal", True, to=(ROLLOUT,))
+    sync: bool = knob_like(LearnerJobConfig, "sync", to=(LEARNER,))
+    timeout_s: float = knob_like(LearnerJobConfig, "timeout_s", 900.0, to=(LEARNER,))
+    policy_poll_s: float = knob_like(EngineConfig, "policy_poll_s", 0.5, to=(ROLLOUT,))
+    max_wait_s: float = knob_like(PackingConfig, "max_wait_s", 1.0, to=(ROLLOUT, PLANNER))
+    init_policy: str | None = knob_like(LearnerJobConfig, "init_policy", to=(LEARNER, PLANNER))
     resume: bool = knob(False, "continue from the learner checkpoint a previous run left in --workdir")
     max_restarts: int = knob(3, "times a dead rollout job, and a dead Pub/Sub emulator, is started again", ge=0)
     target: float = knob(0.9, "held-out success the summary reports reaching")
@@ -103,8 +100,8 @@ class DemoConfig:
         "auto: run the planner first and use its credits, staleness bound and engine slots; "
         "a plan JSON to use; off: the processes' own settings",
     )
-    target_duty: float = knob(0.95, "the learner duty cycle the plan aims at", to=(PLANNER,))
-    rollout_rate: float | None = knob(None, "for the plan: the measured rollout ceiling, trajectories/s", to=(PLANNER,))
+    target_duty: float = knob_like(PlanConfig, "target_duty", to=(PLANNER,))
+    rollout_rate: float | None = knob_like(PlanConfig, "rollout_rate", to=(PLANNER,))
     learner_processes: int = knob(
         1,
         "JAX processes of the learner, joined as on Vertex AI (CLUSTER_SPEC on localhost, gloo collectives)",

@@ -29,7 +29,7 @@ import numpy as np
 
 import environments
 from core import config
-from core.config import configclass, knob, section
+from core.config import configclass, knob, knob_like, section
 from core.contracts.record_shape import LayoutConfig
 from core.policy.model.lora import LoraConfig
 from core.policy.sources import policy_spec
@@ -37,7 +37,9 @@ from core.policy.text.chat_format import ChatFormat, chat_format_for
 from core.sections import EnvChoice, ModelChoice
 from localstack.launch.plan_rollout import measure_rollout
 from localstack.launch.staleness_evidence import default_bound
+from pipelines.packing_config import PackingConfig
 from rollout.engine_config import EngineConfig
+from trainer.config import LearnerJobConfig
 from trainer.learning.capacity import Measurements, make_plan
 from trainer.learning.data.feeder import CreditConfig, CreditWindow
 from trainer.learning.step.gradients import ComputeConfig
@@ -63,9 +65,9 @@ class PlanConfig:
 
     env: EnvChoice = section(lambda: EnvChoice(tool_latency="fixed:0.5"), help="the environment measured")
     episodes: int = knob(64, "oracle episodes measured")
-    batch_records: int = knob(LearnerConfig.batch_records, "records per learner step (the learner's)")
-    group_size: int = knob(CreditConfig.group_size, "episodes per request (the learner's)")
-    publish_every: int = knob(LearnerConfig.publish_every, "learner steps between policy versions (the learner's)")
+    batch_records: int = knob_like(LearnerConfig, "batch_records")
+    group_size: int = knob_like(CreditConfig, "group_size")
+    publish_every: int = knob_like(LearnerConfig, "publish_every")
     target_duty: float = knob(0.95, "the learner duty cycle the plan aims at")
     staleness_bound: float | None = knob(
         None,
@@ -73,15 +75,13 @@ class PlanConfig:
         "found fastest to target at this tool latency (localstack/launch/staleness_evidence.py), else 2",
         gt=0,
     )
-    max_wait_s: float = knob(1.0, "the packer's max wait (adds to the latency)")
+    max_wait_s: float = knob_like(PackingConfig, "max_wait_s")  # adds to the latency
     pipeline_s: float | None = knob(None, "transport latency (unset: a measured constant)")
     rollout_rate: float | None = knob(None, "measured rollout ceiling, trajectories/s (unset: measured here)")
     rollout_measure_s: float = knob(
         20.0, "seconds of whole groups of episodes timed for the rollout rate (0: the engine-only ceiling)", ge=0
     )
-    init_policy: str | None = knob(
-        None, "the episodes' policy: this store's newest version (unset: the model's initial weights)"
-    )
+    init_policy: str | None = knob_like(LearnerJobConfig, "init_policy")  # the episodes' policy too
     workers: int = knob(1, "rollout workers (0: size the pool)")
     # Measured elsewhere, on the real stream (benchmarks/utilization.py passes its ceilings'):
     learner_step_s: float | None = knob(None, "measured learner step time")
