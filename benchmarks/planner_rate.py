@@ -28,6 +28,7 @@ from _utilization_modes import rollout_alone
 
 from core import config
 from core.config import configclass, knob
+from core.contracts.store import LATEST
 from localstack.launch.commands import plan_command
 from localstack.launch.demo import planner_config, run_local
 from localstack.launch.demo_config import parse_args
@@ -47,11 +48,13 @@ def one_env(env: str, args: PlannerRateConfig, work: Path) -> dict:
     flags = [f"--env={env}", "--eval_n=0", "--plan=off", "--live=off", "--no-report"]
     if args.warmstart_steps is not None:
         flags.append(f"--warmstart_steps={args.warmstart_steps}")
-    init = parse_args([*flags, "--max_steps=0", f"--workdir={work / 'init'}"])
-    t0 = time.monotonic()
-    run_local(init)  # the recipe's warm start, v0 published, no RL step
+    # The recipe's warm start, v0 published, no RL step (no rate decay over no steps); kept
+    # from an earlier run of this benchmark when its store is there.
+    init = parse_args([*flags, "--max_steps=0", "--learner.lr_decay=0", f"--workdir={work / 'init'}"])
+    store, t0 = work / "init" / "policy-store", time.monotonic()
+    if not (store / LATEST).exists():
+        run_local(init)
     warm_s = time.monotonic() - t0
-    store = work / "init" / "policy-store"
     cfg = parse_args([*flags, f"--init_policy={store}", f"--workdir={work / 'run'}"])
     plan_cfg = planner_config(cfg, work / "plan.json")
     cpu = str(args.rollout_cpu)
@@ -69,6 +72,10 @@ def one_env(env: str, args: PlannerRateConfig, work: Path) -> dict:
         env_config=cfg.env.config,
     )
     episodes = plan["measured"]["rollout"]
+    print(
+        f"{env}: planner {plan['measurements']['rollout_rate']:.1f}/s, job {job['trajectories_per_s']:.1f}/s",
+        flush=True,
+    )
     return {
         "env": env,
         "tool_latency": cfg.env.tool_latency,
@@ -90,6 +97,9 @@ def main(argv=None) -> int:
     for env in args.envs:
         print(f"=== {env}", flush=True)
         results["envs"].append(one_env(env, args, Path(args.workdir) / env))
+        if args.out:  # after each environment: a later one's failure keeps the earlier ones
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "planner_rate.json").write_text(json.dumps(results, indent=2))
     results["load_end"] = loadavg()
     rows = [
         [
