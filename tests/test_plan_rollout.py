@@ -44,7 +44,8 @@ def test_whole_groups_run_through_the_engine_with_the_real_environment_and_its_t
     engine = config.build(EngineConfig, engine_slots=8, max_concurrent_groups=2)
     env = EnvChoice(tool_latency="fixed:0.05")
     r = plan_rollout.measure_rollout(spec, engine, env, group_size=4, max_tokens=MAX_TOKENS, measure_s=1.0)
-    assert r["policy"].startswith("initial") and r["groups"] >= 3 and r["window_s"] >= 1.0
+    # It stops once measure_s has passed since the first group's end and two groups have ended.
+    assert r["policy"].startswith("initial") and r["groups"] >= 2 and r["window_s"] >= 1.0
     assert r["trajectories_per_s"] > 0 and r["turns_per_episode"] >= 1
     # Each episode ran in the real environment: its turns were model turns, each at most the budget.
     assert 0 < r["generated_per_episode"] <= r["turns_per_episode"] * engine.turn.max_new_tokens_per_turn
