@@ -103,6 +103,24 @@ class EngineConfig:
                 f"({max_tokens}): a turn must leave room for the prompt"
             )
 
+    def make_sampler(self, model_cfg, max_tokens: int):
+        """The worker's sampler for `model_cfg` over trajectories of `max_tokens`, in this
+        config's serving dtype; (sampler, that dtype)."""
+        from core.policy.sampling.sampler import Sampler, serving_dtype
+
+        dtype = serving_dtype(self.dtype)  # the KV cache's, and each version's as served
+        sampler = Sampler(
+            model_cfg,
+            self.slots,
+            max_tokens,
+            prefill=self.prefill,
+            prefill_slots=self.prefill_slots,
+            seed=self.seed,
+            dtype=dtype,
+            decode_steps=self.decode_steps,
+        )
+        return sampler, dtype
+
     def limits(self, max_tokens: int) -> EpisodeLimits:
         """An episode's limits in a trajectory of at most `max_tokens` (the layout's)."""
         return EpisodeLimits(

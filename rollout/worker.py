@@ -12,7 +12,6 @@ import time
 
 import environments
 from core.contracts.store import PolicyStore
-from core.policy.sampling.sampler import Sampler, serving_dtype
 from core.policy.sources import policy_spec
 from core.policy.text.chat_format import chat_format_for
 from core.policy.versions import VersionLoader, base_params
@@ -39,17 +38,7 @@ class RolloutWorker:
         self.groups_in_flight = self.episodes_in_flight = self.groups_queued = 0
         self._group_slots: asyncio.Semaphore | None = None  # made on the episodes' event loop
         spec = policy_spec(cfg.model.checkpoint, cfg.model.builtin)  # the learner's --model: same config and tokenizer
-        dtype = serving_dtype(cfg.dtype)  # the KV cache's, and each version's as loaded
-        self.sampler = Sampler(
-            spec.cfg,
-            cfg.slots,
-            max_tokens,
-            prefill=cfg.prefill,
-            prefill_slots=cfg.prefill_slots,
-            seed=cfg.seed,
-            dtype=dtype,
-            decode_steps=cfg.decode_steps,
-        )
+        self.sampler, dtype = cfg.make_sampler(spec.cfg, max_tokens)  # dtype: each version's as loaded
         store = PolicyStore(policy_root)
         loader = VersionLoader(store, spec.cfg, self.sampler.abstract_params, base_params(spec.checkpoint))
         self.policy = PolicyHandle(

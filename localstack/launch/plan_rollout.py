@@ -42,21 +42,11 @@ def measure_rollout(
 ) -> dict:
     """Trajectories/s of whole groups through a worker's engine, measured over `measure_s`
     seconds once the first group has ended (given up after `max_s` without two ends)."""
-    from core.policy.sampling.sampler import Sampler, cast_params, serving_dtype
+    from core.policy.sampling.sampler import cast_params
     from core.policy.text.chat_format import chat_format_for
     from rollout.engine import InferenceEngine
 
-    dtype = serving_dtype(engine_cfg.dtype)
-    sampler = Sampler(
-        spec.cfg,
-        engine_cfg.slots,
-        max_tokens,
-        prefill=engine_cfg.prefill,
-        prefill_slots=engine_cfg.prefill_slots,
-        seed=engine_cfg.seed,
-        dtype=dtype,
-        decode_steps=engine_cfg.decode_steps,
-    )
+    sampler, dtype = engine_cfg.make_sampler(spec.cfg, max_tokens)
     params, policy = _policy(spec, sampler, policy_root)
     params = cast_params(params, dtype)  # as a worker serves them
     sampler.warmup(params)
