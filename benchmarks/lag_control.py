@@ -1,14 +1,20 @@
 """The lag controller in a world that changes: the demo with the closed loop on, its tools'
-latency switched mid-run, and how many versions the realised lag takes to come back.
+latency switched mid-run or a second rollout job joining and leaving (Dataflow scaling out
+and in), and how many versions the realised lag takes to come back.
 
     .venv/bin/python benchmarks/lag_control.py --latencies fixed:0.5,fixed:2,fixed:0.5 --every 6
+    .venv/bin/python benchmarks/lag_control.py --latencies fixed:2,fixed:2,fixed:2 --jobs 1,2,1
     .venv/bin/python benchmarks/lag_control.py --latencies fixed:2            # no change: steady state
     .venv/bin/python benchmarks/lag_control.py --analyse WORKDIR               # a finished demo's lag
 
 The demo (`localstack.launch.demo`, the byte model on the calculator unless --demo_flags say
 otherwise) runs with `--tool_latency file:PATH` (environments/latency.py): this script
 writes the first latency there, then the next one each time the learner has published
---every more versions, watching its metrics. The learner holds --lag_target with the
+--every more versions, watching its metrics. With --jobs, each phase runs that many rollout
+jobs: the extra ones are copies of the demo's own (its command, environment and cores),
+subscribed to the same requests, started at the phase's start and stopped (SIGTERM, as a
+scale-in or a preemption) at its end; what they held is written off and redone by the
+learner's request timeout. The learner holds --lag_target with the
 loop (trainer/learning/data/lag_control.py), from the window the plan (or --max_in_flight)
 gives it.
 
@@ -20,6 +26,7 @@ in flight, held-out success against time, each change marked) into --out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -34,8 +41,10 @@ from _report import machine_info, print_table, stop_children_on_exit
 from core import config
 from core.config import configclass, knob
 from core.telemetry.scalars import read_rows
-from localstack.launch.demo import run_local
+from localstack.launch import demo as demo_module
+from localstack.launch.demo import cpu_set, run_local
 from localstack.launch.demo_config import parse_args
+from localstack.launch.processes import ProcessGroup
 from localstack.reports.heldout import curve
 
 BAND, RUNNING = 0.15, 3  # within ±15 % of the target, 3 versions running: settled
@@ -44,6 +53,7 @@ BAND, RUNNING = 0.15, 3  # within ±15 % of the target, 3 versions running: sett
 @configclass
 class LagBenchConfig:
     latencies: str = knob("fixed:0.5,fixed:2,fixed:0.5", "the tools' latency, phase by phase")
+    jobs: str = knob("", "rollout jobs running, phase by phase (comma-separated; empty: 1 in each)")
     every: int = knob(6, "versions a phase lasts (the last lasts the rest of the run)", ge=1)
     lag_target: float = knob(2.0, "the mean lag the learner's loop holds", gt=0)
     max_staleness: int = knob(4, "the hard cap on a record's lag", ge=1)
@@ -53,14 +63,17 @@ class LagBenchConfig:
     analyse: str | None = knob(None, "only read a finished demo's workdir: its lag per version against its target")
 
 
-class LatencySwitch(threading.Thread):
-    """Writes each phase's latency into the file once the learner has published `every`
-    more versions; keeps when (learner wall s) and at which version it switched."""
+class WorldSwitch(threading.Thread):
+    """Moves to the next phase once the learner has published `every` more versions: writes
+    its latency into the file and starts or stops extra rollout jobs (copies of the demo's);
+    keeps when (learner wall s) and at which version each change came."""
 
-    def __init__(self, path: Path, latencies: list[str], every: int, metrics: Path):
+    def __init__(self, path: Path, latencies: list[str], jobs: list[int], every: int, metrics: Path, cpus):
         super().__init__(daemon=True)
-        self.path, self.latencies, self.every, self.metrics = path, latencies, every, metrics
+        self.path, self.latencies, self.jobs, self.every, self.metrics = path, latencies, jobs, every, metrics
+        self.cpus = cpus
         self.switches: list[dict] = []
+        self.extra: list[ProcessGroup] = []
         self.done = threading.Event()
         path.write_text(latencies[0])
 
@@ -72,10 +85,26 @@ class LatencySwitch(threading.Thread):
             if version >= (phase + 1) * self.every:
                 phase += 1
                 self.path.write_text(self.latencies[phase])
+                self.set_jobs(self.jobs[phase])
                 wall = rows[-1].get("perf/wall_s") if rows else None
-                self.switches.append({"version": version, "wall_s": wall, "latency": self.latencies[phase]})
-                print(f"--- v{version}: tools now {self.latencies[phase]}", flush=True)
+                latency, jobs = self.latencies[phase], self.jobs[phase]
+                self.switches.append({"version": version, "wall_s": wall, "latency": latency, "jobs": jobs})
+                print(f"--- v{version}: tools now {latency}, {jobs} rollout job(s)", flush=True)
             self.done.wait(0.5)
+
+    def set_jobs(self, n: int) -> None:
+        """1 + the extra jobs running: a copy of the demo's rollout job per missing one, the
+        newest stopped first."""
+        own = demo_module.RUNNING.get("rollout job")
+        while 1 + len(self.extra) < n and own is not None:
+            log = self.path.parent / f"extra-rollout-{len(self.switches)}-{len(self.extra)}.log"
+            self.extra.append(ProcessGroup(own.cmd, log, own.env, cpus=self.cpus).start())
+        while 1 + len(self.extra) > n:
+            self.extra.pop().stop(term_grace_s=30)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.set_jobs(1)
 
 
 def per_version_lag(steps: list[dict]) -> dict[int, float]:
@@ -110,7 +139,7 @@ def settled_after(lags: dict[int, float], start: int, end: int | None, target: f
     return None
 
 
-def phases(switches: list[dict], latencies: list[str], lags: dict[int, float], target: float) -> list[dict]:
+def phases(switches: list[dict], latencies: list[str], jobs: list[int], lags: dict[int, float], target: float):
     starts = [0, *(s["version"] for s in switches)]
     out = []
     for i, start in enumerate(starts):
@@ -118,6 +147,7 @@ def phases(switches: list[dict], latencies: list[str], lags: dict[int, float], t
         mine = [lag for v, lag in lags.items() if v >= start and (end is None or v < end)]
         out.append({
             "latency": latencies[i],
+            "jobs": jobs[i],
             "from_version": start,
             "to_version": end,
             "mean_lag": round(sum(mine) / len(mine), 3) if mine else None,
@@ -153,7 +183,8 @@ def plot(result: dict, steps: list[dict], held: list[dict], path: Path) -> None:
             if s["wall_s"] is not None:
                 a.axvline(s["wall_s"], color="k", ls="--", lw=0.8)
         a.legend(fontsize=7, loc="upper left")
-    ax[0].set_title(f"lag control, tools {result['latencies']} (dashed: a change)", fontsize=9)
+    jobs = f", rollout jobs {result['jobs']}" if any(n != 1 for n in result["jobs"]) else ""
+    ax[0].set_title(f"lag control, tools {result['latencies']}{jobs} (dashed: a change)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -181,6 +212,9 @@ def main(argv=None) -> int:
         return analyse(Path(args.analyse))
     stop_children_on_exit()
     latencies = args.latencies.split(",")
+    jobs = [int(n) for n in args.jobs.split(",")] if args.jobs else [1] * len(latencies)
+    if len(jobs) != len(latencies) or min(jobs) < 1:
+        raise SystemExit(f"--jobs needs one count >= 1 per phase of --latencies ({len(latencies)}), got {args.jobs!r}")
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     (work / "latency").write_text(latencies[0])  # the demo's config checks the file exists
@@ -190,12 +224,14 @@ def main(argv=None) -> int:
         *args.demo_flags.split(),
     ])  # fmt: skip
     metrics = work / "demo" / "logs" / "learner" / "metrics.jsonl"
-    switch = LatencySwitch(work / "latency", latencies, args.every, metrics)
+    switch = WorldSwitch(work / "latency", latencies, jobs, args.every, metrics, cpu_set(demo.rollout_cpus))
     switch.start()
     print(f"--- localstack.launch.demo {' '.join(config.to_argv(demo))}", flush=True)
     t0 = time.monotonic()
-    summary = run_local(demo)
-    switch.done.set()
+    try:
+        summary = run_local(demo)
+    finally:
+        switch.stop()
     steps = [r for r in read_rows(metrics) if "perf/wall_s" in r]
     lags = per_version_lag(steps)
     result = {
@@ -203,14 +239,18 @@ def main(argv=None) -> int:
         "machine": machine_info(),
         "started": time.strftime("%F %T", time.gmtime(time.time() - (time.monotonic() - t0))),
         "latencies": latencies,
+        "jobs": jobs,
         "lag_target": args.lag_target,
         "switches": switch.switches,
         "lag_by_version": {str(v): round(x, 3) for v, x in lags.items()},
-        "phases": phases(switch.switches, latencies, lags, args.lag_target),
+        "phases": phases(switch.switches, latencies, jobs, lags, args.lag_target),
         "mean_lag_after_v5": mean_after(lags),
         "lag_control": summary.learner.lag_control,
         "held_out": curve(read_rows(work / "demo" / "eval.jsonl"), "sampled") if summary.held_out else [],
         "demo_wall_s": summary.demo_wall_s,
+        # Nothing lost when a job leaves: what it held is written off and requested again.
+        "accounting": dataclasses.asdict(summary.learner.accounting) if summary.learner.accounting else None,
+        "reconciliation": dataclasses.asdict(summary.reconciliation) if summary.reconciliation else None,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -218,9 +258,9 @@ def main(argv=None) -> int:
     plot(result, steps, result["held_out"], out / "lag_control.png")
     print_table(
         f"lag control: target {args.lag_target:g}, ±{BAND:.0%}, settled = {RUNNING} versions running within",
-        ["phase", "tools", "versions", "mean lag", "versions from the change to settled"],
+        ["phase", "tools", "rollout jobs", "versions", "mean lag", "versions from the change to settled"],
         [
-            [i, p["latency"], f"{p['from_version']}-{p['to_version'] if p['to_version'] is not None else 'end'}",
+            [i, p["latency"], p["jobs"], f"{p['from_version']}-{'end' if p['to_version'] is None else p['to_version']}",
              p["mean_lag"], p["versions_to_settle"] if p["versions_to_settle"] is not None else "not settled"]
             for i, p in enumerate(result["phases"])
         ],
