@@ -47,7 +47,8 @@ class PolicyHandle:
         self._last_poll = float("-inf")
         self.current: tuple[nnx.State, int] | None = None  # swapped as one reference
         self.reloads = 0
-        # Cumulative, by what was read (full or delta): reloads, bytes fetched, seconds.
+        # Cumulative, by what was read (full or delta): reloads, bytes fetched, seconds, and
+        # the loading thread's CPU seconds (a load starved of a core shows seconds >> cpu_s).
         self.reload_totals: collections.Counter = collections.Counter()
         self.failed_loads = 0
         self.checksum_failures = 0  # of failed_loads: files that differ from their manifest (corruption)
@@ -106,4 +107,5 @@ class PolicyHandle:
         self.reload_totals[f"{kind}_n"] += 1
         self.reload_totals[f"{kind}_bytes"] += int(load.get("bytes") or 0)
         self.reload_totals[f"{kind}_s"] += float(load.get("seconds") or 0.0)
+        self.reload_totals[f"{kind}_cpu_s"] += float(load.get("cpu_s") or 0.0)
         return True

@@ -318,6 +318,8 @@ def test_a_rollout_worker_counts_what_each_reload_read_full_against_delta(tmp_pa
     assert totals["full_bytes"] == store.read_metadata(0)["bytes"]
     assert totals["delta_bytes"] == sum(store.read_metadata(v)["bytes"] for v in (1, 2))
     assert totals["delta_bytes"] < 0.2 * totals["full_bytes"] and totals["full_s"] > 0 and totals["delta_s"] > 0
+    # The loading thread decodes a delta itself: it spent CPU, and no more than the wall time.
+    assert 0 < totals["delta_cpu_s"] <= totals["delta_s"] + 0.01, totals
 
 
 @pytest.fixture(scope="module")
