@@ -6,6 +6,8 @@ contract against the trajectories that went in, plus the streaming step
 """
 
 import collections
+import dataclasses
+import hashlib
 import random
 import re
 
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from core.contracts import records as R
 from core.contracts.record_shape import RecordShape
-from core.contracts.trajectory import Trajectory
+from core.contracts.trajectory import Trajectory, token_digest
 from pipelines.packing import build_record, first_fit_decreasing, pack, take_full_records
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -256,6 +258,28 @@ def test_build_record_id_depends_only_on_which_trajectories():
     c = build_record(trajs, [[0, 1], [2]], shape)
     assert a.record_id == b.record_id
     assert c.record_id != a.record_id
+
+
+def test_build_record_id_is_the_stable_hash_of_its_trajectory_ids():
+    """The id is a contract across releases: a pipeline updated mid-run re-packs a redelivery
+    to the id the learner has already seen (pinned, not only consistent within one run)."""
+    shape = RecordShape(rows=1, seq_len=32, max_segments_per_row=3)
+    trajs = [make_trajectory(i, 5, i) for i in range(2)]
+    rec = build_record(trajs, [[1, 0]], shape)
+    assert rec.record_id == hashlib.sha1(b"req0/0|req0/1").hexdigest()[:24]
+
+
+def test_each_trajectory_s_digest_is_what_it_sampled_or_computed_from_its_tokens():
+    """The learner checks a trained row's tokens against this digest (records.py): the
+    episode's own digest when it has one, else the digest of the tokens packed."""
+    shape = RecordShape(rows=1, seq_len=32, max_segments_per_row=3)
+    computed, carried = make_trajectory(0, 6, 0), make_trajectory(1, 7, 1)
+    carried = dataclasses.replace(carried, sampled_digest=token_digest(carried.tokens, carried.loss_mask))
+    rec = build_record([computed, carried], [[0, 1]], shape)
+    assert [i.digest for i in rec.trajectories] == [
+        token_digest(computed.tokens, computed.loss_mask),
+        carried.sampled_digest,
+    ]
 
 
 @PROPS
