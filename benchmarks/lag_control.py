@@ -62,6 +62,17 @@ class LagBenchConfig:
     out: str = knob("docs/results", "where lag_control.json and .png go")
     analyse: str | None = knob(None, "only read a finished demo's workdir: its lag per version against its target")
 
+    def __post_init__(self):
+        counts = self.jobs.split(",") if self.jobs else []
+        phases = len(self.latencies.split(","))
+        if counts and (len(counts) != phases or not all(c.isdigit() and int(c) >= 1 for c in counts)):
+            raise ValueError(f"--jobs needs one count >= 1 per phase of --latencies ({phases}), got {self.jobs!r}")
+
+    @property
+    def job_counts(self) -> list[int]:
+        """Rollout jobs in each phase (1 in each when --jobs is empty)."""
+        return [int(n) for n in self.jobs.split(",")] if self.jobs else [1] * len(self.latencies.split(","))
+
 
 class WorldSwitch(threading.Thread):
     """Moves to the next phase once the learner has published `every` more versions: writes
@@ -212,9 +223,7 @@ def main(argv=None) -> int:
         return analyse(Path(args.analyse))
     stop_children_on_exit()
     latencies = args.latencies.split(",")
-    jobs = [int(n) for n in args.jobs.split(",")] if args.jobs else [1] * len(latencies)
-    if len(jobs) != len(latencies) or min(jobs) < 1:
-        raise SystemExit(f"--jobs needs one count >= 1 per phase of --latencies ({len(latencies)}), got {args.jobs!r}")
+    jobs = args.job_counts
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     (work / "latency").write_text(latencies[0])  # the demo's config checks the file exists

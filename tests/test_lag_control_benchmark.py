@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import lag_control
 
+from core import config
 from localstack.launch import demo
 from localstack.launch.processes import ProcessGroup
 
@@ -32,10 +33,11 @@ def test_phases_carry_each_phase_s_tools_and_jobs_and_settle_by_the_band():
 
 
 def test_jobs_must_name_one_count_per_phase():
-    with pytest.raises(SystemExit, match="one count >= 1 per phase"):
-        lag_control.main(["--latencies", "fixed:2,fixed:2", "--jobs", "1"])
-    with pytest.raises(SystemExit, match="one count >= 1 per phase"):
-        lag_control.main(["--latencies", "fixed:2,fixed:2", "--jobs", "1,0"])
+    for jobs in ("1", "1,0", "1,a"):  # refused when the config is built, before any demo starts
+        with pytest.raises(ValueError, match="one count >= 1 per phase"):
+            config.build(lag_control.LagBenchConfig, latencies="fixed:2,fixed:2", jobs=jobs)
+    assert config.build(lag_control.LagBenchConfig, latencies="fixed:2,fixed:2", jobs="1,2").job_counts == [1, 2]
+    assert config.build(lag_control.LagBenchConfig, latencies="fixed:2,fixed:2").job_counts == [1, 1]
 
 
 def _alive(group: ProcessGroup) -> bool:
